@@ -1,0 +1,157 @@
+// CUDA launchers behind tfde's GPU op kernels.
+//
+// This header has no TensorFlow in it on purpose: the same launchers are
+// called by the TF op kernels (gpu_op_kernels.cc, built where TensorFlow has
+// CUDA) and by a small C testing API (testing_api.cu.cc) that checks them
+// against the numpy oracles on any machine with nvcc and a GPU, with no
+// CUDA-enabled TensorFlow needed.
+//
+// Conventions, as in CUB:
+// - Every launcher enqueues work on `stream` and returns the first CUDA
+//   error; nothing synchronizes.
+// - A launcher that needs scratch memory takes `workspace` and
+//   `workspace_bytes`; called with workspace == nullptr it only stores the
+//   bytes it needs in *workspace_bytes.
+// - Input checks run on the device before anything is written and report
+//   the first offending position in `first_bad` (a device scalar that the
+//   caller sets to kNoError first, see InitFirstBad); the caller copies it to
+//   the host and raises an error naming the position and its value.
+#ifndef TFDE_KERNELS_CUDA_EMBEDDING_KERNELS_CU_H_
+#define TFDE_KERNELS_CUDA_EMBEDDING_KERNELS_CU_H_
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace tfde {
+namespace gpu {
+
+enum class Combiner : int { kSum = 0, kMean = 1, kSqrtn = 2 };
+
+// first_bad holds the lowest offending position, or kNoError.
+constexpr unsigned long long kNoError = ~0ull;
+cudaError_t InitFirstBad(cudaStream_t stream, unsigned long long* first_bad);
+
+// ---- Checks (no writes besides first_bad) ----------------------------------
+
+// Lowest i with values[i] outside [lo, hi).
+template <typename T>
+cudaError_t FindOutOfRange(cudaStream_t stream, const T* values, int64_t n,
+                           int64_t lo, int64_t hi, unsigned long long* first_bad);
+
+// Lowest b where row splits break the rules: b = 0 when splits[0] != 0,
+// b > 0 when splits[b] < splits[b - 1], b = batch when splits[batch] != n.
+template <typename Split>
+cudaError_t FindBadSplit(cudaStream_t stream, const Split* splits, int64_t batch,
+                         int64_t n, unsigned long long* first_bad);
+
+// Lowest position i whose index repeats an earlier one, packed as
+// (i << 32) | first so the message can name both.
+template <typename Index>
+cudaError_t FindRepeatedIndex(cudaStream_t stream, const Index* indices, int64_t n,
+                              void* workspace, size_t* workspace_bytes,
+                              unsigned long long* first_bad);
+
+// ---- Dedup and routing ------------------------------------------------------
+
+// unique_ids[inverse[i]] == ids[i]; counts[k] is how often unique_ids[k]
+// occurs; unique ids in order of first appearance (as the CPU kernel).
+// unique_ids and counts need room for n entries; *num_unique (device) gets
+// the number used.
+template <typename Id>
+cudaError_t UniqueWithCounts(cudaStream_t stream, const Id* ids, int64_t n,
+                             void* workspace, size_t* workspace_bytes,
+                             Id* unique_ids, int32_t* inverse, int32_t* counts,
+                             int32_t* num_unique);
+
+// Groups ids by shard (floor modulo), stable inside a shard: local_ids are
+// id // num_shards (or the id itself when `dynamic`), positions[i] is where
+// ids[i] went, shard_counts[s] the size of shard s. Static callers check for
+// negative ids first (FindOutOfRange).
+template <typename Id>
+cudaError_t PartitionByShard(cudaStream_t stream, const Id* ids, int64_t n,
+                             int32_t num_shards, bool dynamic, void* workspace,
+                             size_t* workspace_bytes, Id* local_ids,
+                             int32_t* shard_counts, int32_t* positions);
+
+// ---- Gather and combine ------------------------------------------------------
+
+// Up to kMaxTablesPerLaunch tables per launch; a group of more tables takes
+// several launches over consecutive tables, each writing only the rows of
+// its own tables. Tables of a group cover consecutive row ranges starting at
+// row 0 with no holes (the op checks this), so a row belongs to the last
+// table whose base is <= the row.
+constexpr int kMaxTablesPerLaunch = 64;
+struct TableGroup {
+  const float* data[kMaxTablesPerLaunch];
+  int64_t base[kMaxTablesPerLaunch];  // first group row of each table
+  int64_t end;                        // first group row after these tables
+  int count;
+};
+
+// out[i] = the row rows[i] of the group, for the rows inside `group`'s
+// tables; callers check 0 <= rows[i] < total rows first (FindOutOfRange).
+template <typename Index>
+cudaError_t GatherFromTables(cudaStream_t stream, const TableGroup& group,
+                             int64_t dim, const Index* rows, int64_t n, float* out);
+
+// bag_of[i] = the sample of id i; coefficient[i] = w_i / divisor(sample),
+// divisor 1 (sum), the sum of weights (mean) or the root of the sum of
+// squared weights (sqrtn), and 0 for samples whose divisor is 0.
+// weights == nullptr means every weight is 1.
+template <typename Split>
+cudaError_t CombineCoefficients(cudaStream_t stream, const Split* splits,
+                                int64_t batch, const float* weights,
+                                Combiner combiner, int32_t* bag_of,
+                                float* coefficient);
+
+// out[b] = sum over ids i of sample b of coefficient[i] * rows[inverse[i]];
+// T is float, __half or __nv_bfloat16, accumulated in float.
+template <typename T, typename Split>
+cudaError_t EmbeddingCombine(cudaStream_t stream, const T* rows, int64_t dim,
+                             const int32_t* inverse, const Split* splits,
+                             int64_t batch, const float* coefficient, T* out);
+
+// out[k] = sum over ids i with inverse[i] == k of coefficient[i] *
+// grad[bag_of[i]], summed in id order (deterministic, as the CPU kernel).
+template <typename T>
+cudaError_t EmbeddingCombineGrad(cudaStream_t stream, const T* grad, int64_t dim,
+                                 const int32_t* inverse, int64_t n,
+                                 const int32_t* bag_of, const float* coefficient,
+                                 int64_t num_unique, void* workspace,
+                                 size_t* workspace_bytes, T* out);
+
+// ---- Sparse optimizers ------------------------------------------------------
+// Keras 3 formulas, as kernels/sparse_optimizer_ops.cc. vars[0] is the table,
+// vars[1..] its slots, all [num_rows, dim]. grad_rows == nullptr means
+// indices[i] takes grad row i. Callers check ranges and repeats first.
+
+struct SgdParams { float lr; };
+struct AdagradParams { float lr, epsilon; };
+struct LazyAdamParams { float beta_1, beta_2, epsilon, alpha; };
+struct FtrlParams { float lr, l1, l2_shrinkage, lr_power, l2_total; };
+
+// Bias correction in float, as Keras computes it; step is 1-based.
+inline LazyAdamParams MakeLazyAdamParams(float lr, float beta_1, float beta_2,
+                                         float epsilon, float step) {
+  const float alpha = lr * std::sqrt(1.0f - std::pow(beta_2, step)) /
+                      (1.0f - std::pow(beta_1, step));
+  return LazyAdamParams{beta_1, beta_2, epsilon, alpha};
+}
+
+inline FtrlParams MakeFtrlParams(float lr, float l1, float l2, float l2_shrinkage,
+                                 float beta, float learning_rate_power) {
+  return FtrlParams{lr, l1, l2_shrinkage, learning_rate_power, l2 + beta / (2.0f * lr)};
+}
+
+template <typename Index, typename Params>
+cudaError_t SparseApply(cudaStream_t stream, const Params& params,
+                        float* const* vars, int64_t dim, const Index* indices,
+                        int64_t n, const float* grad, const int32_t* grad_rows);
+
+}  // namespace gpu
+}  // namespace tfde
+
+#endif  // TFDE_KERNELS_CUDA_EMBEDDING_KERNELS_CU_H_
