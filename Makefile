@@ -7,7 +7,7 @@ TF_VERSION := 2.21.0
 HVD_TF_VERSION := 2.18.1
 PYTEST_ARGS ?=
 
-.PHONY: all env ops hvd-env test test-fast bench demo bazel clean
+.PHONY: all env ops hvd-env test test-fast cuda-test bench demo bazel clean
 
 all: ops
 
@@ -56,6 +56,12 @@ test: ops hvd-env
 # Without the Horovod environment (a few minutes quicker to set up).
 test-fast: ops
 	$(PY) -m pytest tests tfde --doctest-modules -q -p no:cacheprovider --timeout=900 $(PYTEST_ARGS)
+
+# The CUDA launchers against the numpy oracles, on a machine with nvcc and a
+# GPU; needs neither TensorFlow nor this Makefile's environment (numpy and
+# pytest suffice). Part of `make test` too, where it skips without a GPU.
+cuda-test:
+	$(PYTHON) -m pytest --noconftest -q -p no:cacheprovider tests/test_cuda_kernels.py
 
 bench: ops
 	$(PY) bench/ops_bench.py

@@ -73,9 +73,10 @@ class BuildTfdeOps(build_ext):
       for cmd, result in zip(commands, pool.map(self._compile, commands)):
         if result.returncode:
           sys.stderr.write(result.stderr)
-          raise SystemExit(f"tfde: compiling {cmd[2]} failed")
+          source = next(a for a in cmd if a.endswith((".cc", ".cu")))
+          raise SystemExit(f"tfde: compiling {source} failed")
     link = [cxx, "-shared", "-o", target] + objects + info["lflags"]
-    if any(o.endswith(".cu.o") for o in objects):
+    if any(os.path.basename(o).startswith("gpu_") for o in objects):
       link += ["-L" + os.path.join(self._cuda_home(), "lib64"), "-lcudart"]
     subprocess.run(link, check=True)
     print(f"tfde: wrote {target}")
@@ -90,10 +91,14 @@ class BuildTfdeOps(build_ext):
     return os.path.dirname(os.path.dirname(nvcc)) if nvcc else ""
 
   def _cuda_commands(self, info, build_dir, cflags, objects):
-    sources = sorted(glob.glob(os.path.join(HERE, "kernels", "cuda", "*.cu.cc")))
-    if not sources:
-      print("tfde: CUDA kernels: none in kernels/cuda yet; CPU build only")
-      return []
+    # kernels/cuda: *.cu.cc are CUDA launchers (nvcc), *.cc the TF GPU op
+    # kernels calling them (g++ with GOOGLE_CUDA). testing_api.cu.cc is the
+    # C API for tests/test_cuda_kernels.py only, not part of the library.
+    cuda_dir = os.path.join(HERE, "kernels", "cuda")
+    launchers = sorted(p for p in glob.glob(os.path.join(cuda_dir, "*.cu.cc"))
+                       if not p.endswith("testing_api.cu.cc"))
+    op_kernels = sorted(p for p in glob.glob(os.path.join(cuda_dir, "*.cc"))
+                        if not p.endswith(".cu.cc"))
     if not shutil.which("nvcc"):
       print("tfde: CUDA kernels skipped: nvcc not found; CPU build only")
       return []
@@ -101,16 +106,28 @@ class BuildTfdeOps(build_ext):
       print(f"tfde: CUDA kernels skipped: TensorFlow {info['version']} is not "
             "built with CUDA; CPU build only")
       return []
+    cuda_include = "-I" + os.path.join(self._cuda_home(), "include")
     commands = []
-    for src in sources:
+    for src in launchers:
       obj = os.path.join(build_dir, os.path.basename(src)[:-3] + ".o")
       objects.append(obj)
-      commands.append(["nvcc", "-c", src, "-o", obj, "-x", "cu",
-                       "-DGOOGLE_CUDA=1", "--expt-relaxed-constexpr",
-                       "-Xcompiler", "-fPIC", "-std=c++17"] +
-                      [f for f in cflags if f.startswith(("-I", "-D"))])
+      commands.append(["nvcc", "-c", "-x", "cu", src, "-o", obj, "-O3",
+                       "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC",
+                       "-std=c++17"] + self._cuda_archs())
+    for src in op_kernels:
+      obj = os.path.join(build_dir, "gpu_" + os.path.basename(src) + ".o")
+      objects.append(obj)
+      commands.append([os.environ.get("CXX", "g++"), "-c", src, "-o", obj,
+                       "-DGOOGLE_CUDA=1", cuda_include] + cflags)
     return commands
 
+  @staticmethod
+  def _cuda_archs():
+    # TFDE_CUDA_ARCHS="80;90" picks the targets; the default is the GPU here.
+    archs = os.environ.get("TFDE_CUDA_ARCHS")
+    if not archs:
+      return ["-arch=native"]
+    return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs.split(";")]
 
 setup(
     name="tfde",

@@ -43,11 +43,7 @@ def main():
   print(f"data: {work.describe()}; unique ids per table {unique}; "
         f"TF {tf.__version__}, {os.cpu_count()} cores; median of {args.reps}")
 
-  bytes_row = dim * 4
-  fwd_bytes = sum(u * bytes_row + batch * hot * bytes_row + batch * bytes_row
-                  for u in unique)
-  train_bytes = fwd_bytes + sum(batch * bytes_row + u * bytes_row + 6 * u * bytes_row
-                                for u in unique)
+  fwd_bytes, train_bytes = work.moved_bytes(unique)
   inputs = {f"f{t}": tf.constant(ids[t]) for t in range(tables)}
   targets = {f"f{t}": tf.constant(rng.normal(size=(batch, dim)), tf.float32)
              for t in range(tables)}

@@ -38,6 +38,17 @@ class Workload:
             combiner="sum", initializer="uniform", seed=t))
             for t in range(self.tables)}
 
+  def moved_bytes(self, unique):
+    """Bytes a lookup must move, the same for every system, given the
+    unique ids per table: forward = unique rows read + ids' rows combined +
+    outputs written; a lazy-Adam training step adds the output gradients
+    read, the row gradients written, and the table, m and v rows read and
+    written. Returns (forward, training step)."""
+    row = self.dim * 4
+    forward = sum(u * row + self.batch * self.hot * row + self.batch * row for u in unique)
+    train = forward + sum(self.batch * row + u * row + 6 * u * row for u in unique)
+    return forward, train
+
   def describe(self):
     return (f"{self.tables} tables of {self.vocab:,} x {self.dim} float32, lazy "
             f"Adam, batch {self.batch}, {self.hot} ids/sample/table, "

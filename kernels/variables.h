@@ -6,6 +6,7 @@
 #define TFDE_KERNELS_VARIABLES_H_
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "common.h"
@@ -75,20 +76,26 @@ class LockedVariables {
   // own sparse updates do: reads copy from now on (copy_on_read_mode), and a
   // buffer still shared with an earlier read is copied once, so that read
   // keeps its value. Needs LockMode::kExclusive.
-  Status MakeWritable(OpKernelContext* ctx) {
+  // `copy(from, to)` copies a buffer on the variables' device; the default
+  // is a host copy (CPU kernels), GPU kernels pass a device copy.
+  using CopyFn = std::function<void(const Tensor& from, Tensor* to)>;
+  Status MakeWritable(OpKernelContext* ctx, const CopyFn& copy = HostCopy) {
     for (auto& v : vars_) {
       Var* var = v.get();
       var->copy_on_read_mode.store(true);
       if (!var->tensor()->RefCountIsOne()) {
-        Tensor copy;
+        Tensor fresh;
         TF_RETURN_IF_ERROR(ctx->allocate_temp(var->tensor()->dtype(),
-                                              var->tensor()->shape(), &copy));
-        std::copy_n(var->tensor()->flat<float>().data(),
-                    var->tensor()->NumElements(), copy.flat<float>().data());
-        *var->tensor() = copy;
+                                              var->tensor()->shape(), &fresh));
+        copy(*var->tensor(), &fresh);
+        *var->tensor() = fresh;
       }
     }
     return absl::OkStatus();
+  }
+
+  static void HostCopy(const Tensor& from, Tensor* to) {
+    std::copy_n(from.flat<float>().data(), from.NumElements(), to->flat<float>().data());
   }
 
   int size() const { return static_cast<int>(vars_.size()); }

@@ -11,45 +11,28 @@ On a GPU machine without TensorFlow:
 
 import ctypes
 import os
-import shutil
-import subprocess
 import zlib
 
 import numpy as np
 import pytest
 
-from tests import oracles
+from tests import cuda_testing, oracles
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CUDA_DIR = os.path.join(os.path.dirname(HERE), "kernels", "cuda")
 NO_ERROR = (1 << 64) - 1
 SUM, MEAN, SQRTN = 0, 1, 2
 COMBINERS = {"sum": SUM, "mean": MEAN, "sqrtn": SQRTN}
 F32, F16, BF16 = 0, 1, 2
 
 
-def _gpu_present():
-  smi = shutil.which("nvidia-smi")
-  if not smi:
-    return False
-  return subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+if not os.environ.get("TFDE_CUDA_TESTING_LIBRARY") and cuda_testing.unavailable_reason():
+  pytest.skip(f"CUDA kernels not tested: {cuda_testing.unavailable_reason()}",
+              allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-  path = os.environ.get("TFDE_CUDA_TESTING_LIBRARY")
-  if not path:
-    if not shutil.which("nvcc"):
-      pytest.skip("CUDA kernels not tested: nvcc not found")
-    if not _gpu_present():
-      pytest.skip("CUDA kernels not tested: no GPU (nvidia-smi -L failed)")
-    path = str(tmp_path_factory.mktemp("cuda") / "libtfde_cuda_testing.so")
-    cmd = ["nvcc", "-O3", "-std=c++17", "-arch=native", "-shared", "-Xcompiler",
-           "-fPIC", "-o", path, "-x", "cu",
-           os.path.join(CUDA_DIR, "embedding_kernels.cu.cc"),
-           os.path.join(CUDA_DIR, "testing_api.cu.cc")]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+  path = os.environ.get("TFDE_CUDA_TESTING_LIBRARY") or cuda_testing.build_testing_library(
+      str(tmp_path_factory.mktemp("cuda") / "libtfde_cuda_testing.so"))
   return ctypes.CDLL(path)
 
 

@@ -393,4 +393,110 @@ int tfde_gpu_sparse_apply(int kind, const float* hyper, int num_vars, float* con
                               grad_num_rows, grad_rows, first_out_of_range, first_repeat);
 }
 
+// Times bench/ops_bench.py's step on the device: per table, unique -> gather
+// -> combine (forward), then combine grad -> lazy Adam on the touched rows
+// (training step), with the same host read of the unique count as the op.
+// ids: [num_tables, batch * hot] int64 on the host. Writes the mean
+// milliseconds over `repeats` after one warm-up, and the unique rows
+// touched per step.
+int tfde_gpu_time_step(const int64_t* ids_host, int num_tables, int64_t batch, int64_t hot,
+                       int64_t vocab, int64_t dim, int repeats, float* forward_ms,
+                       float* train_ms, int64_t* unique_rows) {
+  const int64_t n = batch * hot;
+  std::vector<DeviceBuffer> ids(num_tables), table(num_tables), m(num_tables), v(num_tables);
+  for (int t = 0; t < num_tables; ++t) {
+    TFDE_CHECK_CUDA(ids[t].Upload(ids_host + t * n, n * sizeof(int64_t)));
+    for (DeviceBuffer* b : {&table[t], &m[t], &v[t]}) {
+      TFDE_CHECK_CUDA(b->Allocate(vocab * dim * sizeof(float)));
+      TFDE_CHECK_CUDA(cudaMemset(b->as<void>(), 0, vocab * dim * sizeof(float)));
+    }
+  }
+  std::vector<int64_t> splits_host(batch + 1);
+  for (int64_t b = 0; b <= batch; ++b) splits_host[b] = b * hot;
+  DeviceBuffer splits, unique, inverse, counts, num_unique, rows, out, grad, row_grad,
+      bag_of, coefficient, unique_ws, grad_ws;
+  TFDE_CHECK_CUDA(splits.Upload(splits_host.data(), (batch + 1) * sizeof(int64_t)));
+  TFDE_CHECK_CUDA(unique.Allocate(n * sizeof(int64_t)));
+  TFDE_CHECK_CUDA(inverse.Allocate(n * sizeof(int32_t)));
+  TFDE_CHECK_CUDA(counts.Allocate(n * sizeof(int32_t)));
+  TFDE_CHECK_CUDA(num_unique.Allocate(sizeof(int32_t)));
+  TFDE_CHECK_CUDA(rows.Allocate(n * dim * sizeof(float)));
+  TFDE_CHECK_CUDA(row_grad.Allocate(n * dim * sizeof(float)));
+  TFDE_CHECK_CUDA(out.Allocate(batch * dim * sizeof(float)));
+  TFDE_CHECK_CUDA(grad.Allocate(batch * dim * sizeof(float)));
+  TFDE_CHECK_CUDA(cudaMemset(grad.as<void>(), 0, batch * dim * sizeof(float)));
+  TFDE_CHECK_CUDA(bag_of.Allocate(n * sizeof(int32_t)));
+  TFDE_CHECK_CUDA(coefficient.Allocate(n * sizeof(float)));
+  size_t unique_bytes = 0, grad_bytes = 0;
+  TFDE_CHECK_CUDA(UniqueWithCounts<int64_t>(0, nullptr, n, nullptr, &unique_bytes, nullptr,
+                                            nullptr, nullptr, nullptr));
+  TFDE_CHECK_CUDA(EmbeddingCombineGrad<float>(0, nullptr, dim, nullptr, n, nullptr, nullptr,
+                                              n, nullptr, &grad_bytes, nullptr));
+  TFDE_CHECK_CUDA(unique_ws.Allocate(unique_bytes));
+  TFDE_CHECK_CUDA(grad_ws.Allocate(grad_bytes));
+  int64_t touched = 0;
+  auto step = [&](bool train, int step_number) -> cudaError_t {
+    touched = 0;
+    for (int t = 0; t < num_tables; ++t) {
+      size_t bytes = unique_bytes;
+      cudaError_t err = UniqueWithCounts<int64_t>(
+          0, ids[t].as<int64_t>(), n, unique_ws.as<void>(), &bytes, unique.as<int64_t>(),
+          inverse.as<int32_t>(), counts.as<int32_t>(), num_unique.as<int32_t>());
+      if (err != cudaSuccess) return err;
+      int32_t k = 0;
+      err = cudaMemcpy(&k, num_unique.as<void>(), sizeof(int32_t), cudaMemcpyDeviceToHost);
+      if (err != cudaSuccess) return err;
+      touched += k;
+      TableGroup group{};
+      group.count = 1;
+      group.data[0] = table[t].as<float>();
+      group.base[0] = 0;
+      group.end = INT64_MAX;
+      if ((err = GatherFromTables<int64_t>(0, group, dim, unique.as<int64_t>(), k,
+                                           rows.as<float>())) != cudaSuccess) return err;
+      if ((err = CombineCoefficients<int64_t>(0, splits.as<int64_t>(), batch, nullptr,
+                                              Combiner::kSum, bag_of.as<int32_t>(),
+                                              coefficient.as<float>())) != cudaSuccess) {
+        return err;
+      }
+      if ((err = EmbeddingCombine<float, int64_t>(
+               0, rows.as<float>(), dim, inverse.as<int32_t>(), splits.as<int64_t>(), batch,
+               coefficient.as<float>(), out.as<float>())) != cudaSuccess) return err;
+      if (!train) continue;
+      bytes = grad_bytes;
+      if ((err = EmbeddingCombineGrad<float>(0, grad.as<float>(), dim, inverse.as<int32_t>(),
+                                             n, bag_of.as<int32_t>(),
+                                             coefficient.as<float>(), k, grad_ws.as<void>(),
+                                             &bytes, row_grad.as<float>())) != cudaSuccess) {
+        return err;
+      }
+      float* vars[3] = {table[t].as<float>(), m[t].as<float>(), v[t].as<float>()};
+      if ((err = SparseApply<int64_t>(0, MakeLazyAdamParams(0.001f, 0.9f, 0.999f, 1e-7f,
+                                                            static_cast<float>(step_number)),
+                                      vars, dim, unique.as<int64_t>(), k,
+                                      row_grad.as<float>(), nullptr)) != cudaSuccess) {
+        return err;
+      }
+    }
+    return cudaDeviceSynchronize();
+  };
+  cudaEvent_t start, stop;
+  TFDE_CHECK_CUDA(cudaEventCreate(&start));
+  TFDE_CHECK_CUDA(cudaEventCreate(&stop));
+  for (int train = 0; train < 2; ++train) {
+    TFDE_CHECK_CUDA(step(train, 1));  // warm-up
+    TFDE_CHECK_CUDA(cudaEventRecord(start));
+    for (int r = 0; r < repeats; ++r) TFDE_CHECK_CUDA(step(train, r + 2));
+    TFDE_CHECK_CUDA(cudaEventRecord(stop));
+    TFDE_CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    TFDE_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    (train ? *train_ms : *forward_ms) = ms / repeats;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  *unique_rows = touched;
+  return 0;
+}
+
 }  // extern "C"
