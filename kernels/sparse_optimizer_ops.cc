@@ -12,6 +12,7 @@
 
 #include "common.h"
 #include "tensorflow/core/framework/op.h"
+#include "sparse_updates.h"
 #include "variables.h"
 
 namespace tfde {
@@ -115,16 +116,6 @@ REGISTER_OP("TfdeSparseApplyFtrl")
 
 #undef TFDE_SPARSE_APPLY_COMMON_INPUTS
 
-Status ReadScalar(OpKernelContext* ctx, int input, const char* name, float* out) {
-  const Tensor& t = ctx->input(input);
-  if (!TensorShapeUtils::IsScalar(t.shape())) {
-    return InvalidArgument(name, " must be a scalar, got shape ",
-                           t.shape().DebugString());
-  }
-  *out = t.scalar<float>()();
-  return absl::OkStatus();
-}
-
 // One kernel for all sparse updates: validation, locking, and a parallel
 // loop over the rows. `Update` supplies the number of variables, a Params
 // struct read from the scalar inputs in each Compute (kernels run
@@ -208,115 +199,6 @@ class SparseApplyOp : public OpKernel {
         Update::Row(params, rows, grad + g * dim, dim);
       }
     });
-  }
-};
-
-// rows[0] is the table row, rows[1..] the slot rows, in input order.
-struct SgdUpdate {
-  static constexpr int kNumVars = 1;
-  struct Params {
-    float lr;
-  };
-  static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
-    return ReadScalar(ctx, first, "learning_rate", &p->lr);
-  }
-  static void Row(const Params& p, float* const* rows, const float* g,
-                  int64_t dim) {
-    float* w = rows[0];
-    for (int64_t d = 0; d < dim; ++d) w[d] -= p.lr * g[d];
-  }
-};
-
-struct AdagradUpdate {
-  static constexpr int kNumVars = 2;
-  struct Params {
-    float lr, epsilon;
-  };
-  static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first, "learning_rate", &p->lr));
-    return ReadScalar(ctx, first + 1, "epsilon", &p->epsilon);
-  }
-  static void Row(const Params& p, float* const* rows, const float* g,
-                  int64_t dim) {
-    float* w = rows[0];
-    float* acc = rows[1];
-    for (int64_t d = 0; d < dim; ++d) {
-      acc[d] += g[d] * g[d];
-      w[d] -= p.lr * g[d] / std::sqrt(acc[d] + p.epsilon);
-    }
-  }
-};
-
-struct LazyAdamUpdate {
-  static constexpr int kNumVars = 3;
-  struct Params {
-    float beta_1, beta_2, epsilon, alpha;
-  };
-  static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
-    float lr, step;
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first, "learning_rate", &lr));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 1, "beta_1", &p->beta_1));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 2, "beta_2", &p->beta_2));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 3, "epsilon", &p->epsilon));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 4, "step", &step));
-    if (!(step >= 1.0f)) {
-      return InvalidArgument("step must be >= 1 (1-based), got ", step);
-    }
-    // Bias correction in float, as Keras computes it.
-    const float beta_1_power = std::pow(p->beta_1, step);
-    const float beta_2_power = std::pow(p->beta_2, step);
-    p->alpha = lr * std::sqrt(1.0f - beta_2_power) / (1.0f - beta_1_power);
-    return absl::OkStatus();
-  }
-  static void Row(const Params& p, float* const* rows, const float* g,
-                  int64_t dim) {
-    float* w = rows[0];
-    float* m = rows[1];
-    float* v = rows[2];
-    for (int64_t d = 0; d < dim; ++d) {
-      m[d] += (g[d] - m[d]) * (1.0f - p.beta_1);
-      v[d] += (g[d] * g[d] - v[d]) * (1.0f - p.beta_2);
-      w[d] -= m[d] * p.alpha / (std::sqrt(v[d]) + p.epsilon);
-    }
-  }
-};
-
-struct FtrlUpdate {
-  static constexpr int kNumVars = 3;
-  struct Params {
-    float lr, l1, l2_shrinkage, lr_power, l2_total;
-  };
-  static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
-    float l2, beta;
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first, "learning_rate", &p->lr));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 1, "l1", &p->l1));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 2, "l2", &l2));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 3, "l2_shrinkage", &p->l2_shrinkage));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 4, "beta", &beta));
-    TF_RETURN_IF_ERROR(
-        ReadScalar(ctx, first + 5, "learning_rate_power", &p->lr_power));
-    if (!(p->lr > 0.0f)) {
-      return InvalidArgument("learning_rate must be positive, got ", p->lr);
-    }
-    p->l2_total = l2 + beta / (2.0f * p->lr);
-    return absl::OkStatus();
-  }
-  static void Row(const Params& p, float* const* rows, const float* g,
-                  int64_t dim) {
-    float* w = rows[0];
-    float* acc = rows[1];
-    float* linear = rows[2];
-    for (int64_t d = 0; d < dim; ++d) {
-      const float grad_to_use = g[d] + 2.0f * p.l2_shrinkage * w[d];
-      const float new_acc = acc[d] + g[d] * g[d];
-      const float new_acc_pow = std::pow(new_acc, -p.lr_power);
-      linear[d] += grad_to_use -
-                   (new_acc_pow - std::pow(acc[d], -p.lr_power)) / p.lr * w[d];
-      const float quadratic = new_acc_pow / p.lr + 2.0f * p.l2_total;
-      const float clipped = std::min(std::max(linear[d], -p.l1), p.l1);
-      w[d] = (clipped - linear[d]) / quadratic;
-      acc[d] = new_acc;
-    }
   }
 };
 

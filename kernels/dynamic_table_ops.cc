@@ -1,0 +1,929 @@
+// Dynamic embedding tables: a hash table resource from int64 id to a row
+// (the embedding and its optimizer slots, side by side), that grows as new
+// ids arrive, admits an id only after it was seen `admit_after` times, and
+// evicts rows unseen for a number of steps or beyond a row budget (least
+// frequent first). One resource holds one shard; the pipeline routes ids to
+// their shard by floor(id mod N).
+//
+// Rows start at a deterministic function of (seed, id, column) (see
+// InitialValue), so a table's contents never depend on the order ids arrive
+// in or on the number of shards. tfde/ops/reference.py's DynamicTableTwin
+// computes the same values with stock TF ops.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common.h"
+#include "sparse_updates.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/platform/mutex.h"
+
+namespace tfde {
+
+using ::tensorflow::DT_INT64;
+using ::tensorflow::ResourceBase;
+using ::tensorflow::ResourceHandle;
+using ::tensorflow::mutex;
+using ::tensorflow::mutex_lock;
+using ::tensorflow::tf_shared_lock;
+using ::tensorflow::core::RefCountPtr;
+
+enum class InitKind { kZeros, kConstant, kUniform, kNormal, kTruncatedNormal };
+
+Status ParseInitKind(const std::string& name, InitKind* kind) {
+  static const std::pair<const char*, InitKind> kKinds[] = {
+      {"zeros", InitKind::kZeros},
+      {"constant", InitKind::kConstant},
+      {"uniform", InitKind::kUniform},
+      {"normal", InitKind::kNormal},
+      {"truncated_normal", InitKind::kTruncatedNormal}};
+  for (const auto& k : kKinds) {
+    if (name == k.first) {
+      *kind = k.second;
+      return absl::OkStatus();
+    }
+  }
+  return InvalidArgument("unknown initializer ", name,
+                         "; expected zeros, constant, uniform, normal or truncated_normal");
+}
+
+struct TableSpec {
+  int64_t dim = 0;
+  int num_slots = 1;                  // the embedding plus optimizer slots
+  std::vector<float> slot_initial;    // initial value of slots 1..num_slots-1
+  InitKind init = InitKind::kZeros;
+  double init_a = 0.0, init_b = 0.0;  // constant; min, max; mean, stddev
+  int64_t seed = 0;
+  int64_t admit_after = 1;            // sightings before an id gets a row
+  bool zeros_until_admitted = false;  // else the initial value, not stored
+};
+
+// A uniform draw in (0, 1) for (id, column, k), from 24 bits of a
+// splitmix64-style hash: the same on every platform, and cheap to
+// reproduce with TF's uint64 ops.
+inline double Uniform01(uint64_t id_key, int64_t column, int k) {
+  const uint64_t h = MixId(id_key ^ ((static_cast<uint64_t>(column) << 3) |
+                                     static_cast<uint64_t>(k)));
+  return (static_cast<double>(h >> 40) + 0.5) / 16777216.0;
+}
+
+inline double BoxMuller(double u1, double u2) {
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+inline uint64_t IdKey(int64_t id, int64_t seed) {
+  return MixId(static_cast<uint64_t>(id) ^ MixId(static_cast<uint64_t>(seed)));
+}
+
+// The initial embedding of `id`, written to out[0..dim).
+void InitialValue(const TableSpec& spec, int64_t id, float* out) {
+  const uint64_t key = IdKey(id, spec.seed);
+  for (int64_t d = 0; d < spec.dim; ++d) {
+    double v = 0.0;
+    switch (spec.init) {
+      case InitKind::kZeros:
+        break;
+      case InitKind::kConstant:
+        v = spec.init_a;
+        break;
+      case InitKind::kUniform:
+        v = spec.init_a + (spec.init_b - spec.init_a) * Uniform01(key, d, 0);
+        break;
+      case InitKind::kNormal:
+        v = spec.init_a + spec.init_b * BoxMuller(Uniform01(key, d, 0), Uniform01(key, d, 1));
+        break;
+      case InitKind::kTruncatedNormal: {
+        // Up to four draws within two standard deviations, then clipped.
+        double z = 0.0;
+        for (int k = 0; k < 4; ++k) {
+          z = BoxMuller(Uniform01(key, d, 2 * k), Uniform01(key, d, 2 * k + 1));
+          if (std::abs(z) <= 2.0) break;
+        }
+        v = spec.init_a + spec.init_b * std::min(2.0, std::max(-2.0, z));
+        break;
+      }
+    }
+    out[d] = static_cast<float>(v);
+  }
+}
+
+// Open addressing from id to row, linear probing, backward-shift deletion
+// (no tombstones, so lookups stay short after many evictions).
+class RowIndex {
+ public:
+  RowIndex() { Reset(16); }
+
+  int64_t Find(int64_t id) const {
+    for (uint64_t s = Slot(id);; s = (s + 1) & mask_) {
+      if (rows_[s] < 0) return -1;
+      if (keys_[s] == id) return rows_[s];
+    }
+  }
+
+  void Insert(int64_t id, int64_t row) {
+    if (2 * (size_ + 1) > static_cast<int64_t>(rows_.size())) Grow();
+    uint64_t s = Slot(id);
+    while (rows_[s] >= 0) s = (s + 1) & mask_;
+    keys_[s] = id;
+    rows_[s] = row;
+    ++size_;
+  }
+
+  void Erase(int64_t id) {
+    uint64_t s = Slot(id);
+    while (true) {
+      if (rows_[s] < 0) return;
+      if (keys_[s] == id) break;
+      s = (s + 1) & mask_;
+    }
+    // Shift later members of the probe chain back into the hole.
+    uint64_t hole = s;
+    for (uint64_t next = (hole + 1) & mask_; rows_[next] >= 0; next = (next + 1) & mask_) {
+      const uint64_t home = Slot(keys_[next]);
+      const bool movable = ((next - home) & mask_) >= ((next - hole) & mask_);
+      if (movable) {
+        keys_[hole] = keys_[next];
+        rows_[hole] = rows_[next];
+        hole = next;
+      }
+    }
+    rows_[hole] = -1;
+    --size_;
+  }
+
+  void Clear() { Reset(16); }
+  int64_t size() const { return size_; }
+  size_t bytes() const { return rows_.size() * (sizeof(int64_t) * 2); }
+
+ private:
+  uint64_t Slot(int64_t id) const { return MixId(static_cast<uint64_t>(id)) & mask_; }
+
+  void Reset(int64_t capacity) {
+    keys_.assign(capacity, 0);
+    rows_.assign(capacity, -1);
+    mask_ = capacity - 1;
+    size_ = 0;
+  }
+
+  void Grow() {
+    std::vector<int64_t> keys, rows;
+    keys.swap(keys_);
+    rows.swap(rows_);
+    Reset(static_cast<int64_t>(rows.size()) * 2);
+    for (size_t s = 0; s < rows.size(); ++s) {
+      if (rows[s] >= 0) Insert(keys[s], rows[s]);
+    }
+  }
+
+  std::vector<int64_t> keys_;
+  std::vector<int64_t> rows_;
+  uint64_t mask_ = 0;
+  int64_t size_ = 0;
+};
+
+// Rows in fixed blocks, so growing never copies (or doubles) what is stored;
+// freed rows are reused first.
+class RowStore {
+ public:
+  static constexpr int64_t kBlockRows = 4096;
+
+  explicit RowStore(int64_t width = 1) : width_(width) {}
+
+  int64_t Allocate() {
+    if (!free_.empty()) {
+      const int64_t row = free_.back();
+      free_.pop_back();
+      return row;
+    }
+    if (next_ == static_cast<int64_t>(blocks_.size()) * kBlockRows) {
+      blocks_.push_back(Block{std::unique_ptr<float[]>(new float[kBlockRows * width_]),
+                              std::unique_ptr<int64_t[]>(new int64_t[kBlockRows * 3])});
+    }
+    return next_++;
+  }
+  void Free(int64_t row) { free_.push_back(row); }
+  void Clear() {
+    blocks_.clear();
+    free_.clear();
+    next_ = 0;
+  }
+
+  float* Values(int64_t row) const {
+    return blocks_[row / kBlockRows].values.get() + (row % kBlockRows) * width_;
+  }
+  // Per row: its id, how often it was seen, the step it was last seen.
+  int64_t& Key(int64_t row) { return Meta(row)[0]; }
+  int64_t& Count(int64_t row) { return Meta(row)[1]; }
+  int64_t& LastSeen(int64_t row) { return Meta(row)[2]; }
+
+  // Rows handed out so far, live or freed: meta of rows below it is set.
+  int64_t allocated() const { return next_; }
+  size_t bytes() const {
+    return blocks_.size() * kBlockRows * (width_ * sizeof(float) + 3 * sizeof(int64_t)) +
+           free_.capacity() * sizeof(int64_t);
+  }
+
+ private:
+  struct Block {
+    std::unique_ptr<float[]> values;
+    std::unique_ptr<int64_t[]> meta;
+  };
+  int64_t* Meta(int64_t row) {
+    return blocks_[row / kBlockRows].meta.get() + (row % kBlockRows) * 3;
+  }
+
+  int64_t width_;
+  std::vector<Block> blocks_;
+  std::vector<int64_t> free_;
+  int64_t next_ = 0;
+};
+
+class DynamicEmbeddingTable : public ResourceBase {
+ public:
+  explicit DynamicEmbeddingTable(const TableSpec& spec)
+      : spec_(spec), store_(spec.dim * spec.num_slots) {}
+
+  std::string DebugString() const override {
+    return absl::StrCat("DynamicEmbeddingTable(dim=", spec_.dim, ", slots=", spec_.num_slots,
+                        ")");
+  }
+  int64_t MemoryUsed() const override { return static_cast<int64_t>(Bytes()); }
+
+  const TableSpec& spec() const { return spec_; }
+  mutex* mu() { return &mu_; }
+
+  // ---- under the lock (callers hold mu())
+
+  int64_t FindRow(int64_t id) const { return index_.Find(id); }
+
+  // Counts a sighting of `id` (`times` occurrences at `step`); returns its
+  // row, created when this sighting admits it, or -1 while not admitted.
+  int64_t See(int64_t id, int64_t times, int64_t step) {
+    int64_t row = index_.Find(id);
+    if (row >= 0) {
+      store_.Count(row) += times;
+      store_.LastSeen(row) = std::max(store_.LastSeen(row), step);
+      return row;
+    }
+    int64_t seen = times;
+    auto pending = pending_.find(id);
+    if (pending != pending_.end()) seen += pending->second.count;
+    if (seen < spec_.admit_after) {
+      pending_[id] = Pending{seen, step};
+      return -1;
+    }
+    if (pending != pending_.end()) pending_.erase(pending);
+    row = NewRow(id);
+    store_.Count(row) = seen;
+    store_.LastSeen(row) = step;
+    return row;
+  }
+
+  // A row for `id` with the given contents (import).
+  Status Restore(int64_t id, const float* values, int64_t count, int64_t last_seen) {
+    if (index_.Find(id) >= 0) return InvalidArgument("id ", id, " appears twice");
+    const int64_t row = store_.Allocate();
+    index_.Insert(id, row);
+    std::copy_n(values, spec_.dim * spec_.num_slots, store_.Values(row));
+    store_.Key(row) = id;
+    store_.Count(row) = count;
+    store_.LastSeen(row) = last_seen;
+    return absl::OkStatus();
+  }
+  void RestorePending(int64_t id, int64_t count, int64_t last_seen) {
+    pending_[id] = Pending{count, last_seen};
+  }
+
+  void Clear() {
+    index_.Clear();
+    store_.Clear();
+    pending_.clear();
+    pending_.rehash(0);
+  }
+
+  void Remove(int64_t id, int64_t row) {
+    index_.Erase(id);
+    store_.Free(row);
+  }
+
+  float* Values(int64_t row) const { return store_.Values(row); }
+  RowStore& store() { return store_; }
+  int64_t size() const { return index_.size(); }
+
+  // Live rows sorted by id: a deterministic order for export and eviction.
+  std::vector<std::pair<int64_t, int64_t>> SortedRows() {
+    std::vector<std::pair<int64_t, int64_t>> rows;
+    rows.reserve(index_.size());
+    for (int64_t r = 0; r < store_.allocated(); ++r) {
+      // A freed row's id is no longer indexed to it.
+      if (index_.Find(store_.Key(r)) == r) {
+        rows.emplace_back(store_.Key(r), r);
+      }
+    }
+    std::sort(rows.begin(), rows.end());
+    return rows;
+  }
+
+  struct Pending {
+    int64_t count;
+    int64_t last_seen;
+  };
+  std::vector<std::pair<int64_t, Pending>> SortedPending() const {
+    std::vector<std::pair<int64_t, Pending>> out(pending_.begin(), pending_.end());
+    std::sort(out.begin(), out.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    return out;
+  }
+  void ErasePending(int64_t id) { pending_.erase(id); }
+  int64_t pending_size() const { return static_cast<int64_t>(pending_.size()); }
+
+  size_t Bytes() const {
+    return sizeof(*this) + index_.bytes() + store_.bytes() +
+           pending_.bucket_count() * sizeof(void*) +
+           pending_.size() * (sizeof(int64_t) + sizeof(Pending) + 2 * sizeof(void*));
+  }
+
+ private:
+  int64_t NewRow(int64_t id) {
+    const int64_t row = store_.Allocate();
+    index_.Insert(id, row);
+    float* values = store_.Values(row);
+    InitialValue(spec_, id, values);
+    for (int s = 1; s < spec_.num_slots; ++s) {
+      std::fill_n(values + s * spec_.dim, spec_.dim, spec_.slot_initial[s - 1]);
+    }
+    store_.Key(row) = id;
+    return row;
+  }
+
+  const TableSpec spec_;
+  mutex mu_;
+  RowIndex index_;
+  RowStore store_;
+  std::unordered_map<int64_t, Pending> pending_;
+};
+
+// ---- ops
+
+REGISTER_OP("TfdeDynamicTableHandle")
+    .Output("table: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string")
+    .Attr("dim: int >= 1")
+    .Attr("slot_initial_values: list(float) = []")
+    .Attr("initializer: {'zeros', 'constant', 'uniform', 'normal', 'truncated_normal'}")
+    .Attr("initializer_a: float = 0.0")
+    .Attr("initializer_b: float = 0.0")
+    .Attr("seed: int = 0")
+    .Attr("admit_after: int >= 1 = 1")
+    .Attr("zeros_until_admitted: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc(R"doc(
+Creates (on first use) or finds the dynamic table `shared_name`: rows of
+`dim` floats for the embedding, plus one row per optimizer slot, each slot
+starting at its entry of `slot_initial_values`. A new id's embedding starts
+at `initializer` (a, b: constant; min, max; mean, stddev) as a function of
+(seed, id, column). An id gets a row on its `admit_after`-th sighting; until
+then lookups give its initial value (or zeros) and store nothing.
+)doc");
+
+class DynamicTableHandleOp : public OpKernel {
+ public:
+  explicit DynamicTableHandleOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("container", &container_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("shared_name", &shared_name_));
+    OP_REQUIRES(ctx, !shared_name_.empty(),
+                InvalidArgument("a dynamic table needs a shared_name"));
+    std::string init;
+    float a, b;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &spec_.dim));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("slot_initial_values", &spec_.slot_initial));
+    spec_.num_slots = 1 + static_cast<int>(spec_.slot_initial.size());
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("initializer", &init));
+    OP_REQUIRES_OK(ctx, ParseInitKind(init, &spec_.init));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("initializer_a", &a));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("initializer_b", &b));
+    spec_.init_a = a;
+    spec_.init_b = b;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &spec_.seed));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("admit_after", &spec_.admit_after));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("zeros_until_admitted", &spec_.zeros_until_admitted));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    // The handle names the resource manager's default container when none
+    // is given; create the table where the handle will look.
+    const std::string container =
+        container_.empty() ? ctx->resource_manager()->default_container() : container_;
+    DynamicEmbeddingTable* table = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<DynamicEmbeddingTable>(
+                            container, shared_name_, &table,
+                            [this](DynamicEmbeddingTable** out) {
+                              *out = new DynamicEmbeddingTable(spec_);
+                              return absl::OkStatus();
+                            }));
+    const TableSpec& have = table->spec();
+    const bool same = have.dim == spec_.dim && have.num_slots == spec_.num_slots;
+    table->Unref();
+    OP_REQUIRES(ctx, same,
+                InvalidArgument("dynamic table ", shared_name_, " exists with dim ", have.dim,
+                                " and ", have.num_slots, " slots; asked for dim ", spec_.dim,
+                                " and ", spec_.num_slots, " slots"));
+    Tensor* handle = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
+    handle->scalar<ResourceHandle>()() =
+        tensorflow::MakeResourceHandle<DynamicEmbeddingTable>(ctx, container, shared_name_);
+  }
+
+ private:
+  std::string container_, shared_name_;
+  TableSpec spec_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableHandle").Device(DEVICE_CPU),
+                        DynamicTableHandleOp);
+
+Status LookupTable(OpKernelContext* ctx, int input, RefCountPtr<DynamicEmbeddingTable>* out) {
+  DynamicEmbeddingTable* table = nullptr;
+  TF_RETURN_IF_ERROR(
+      LookupResource(ctx, tensorflow::HandleFromInput(ctx, input), &table));
+  out->reset(table);
+  return absl::OkStatus();
+}
+
+Status CheckIds(const Tensor& ids) {
+  if (ids.dims() != 1) {
+    return InvalidArgument("ids must be a vector, got shape ", ids.shape().DebugString());
+  }
+  return absl::OkStatus();
+}
+
+REGISTER_OP("TfdeDynamicTableLookup")
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("counts: int64")
+    .Input("step: int64")
+    .Output("rows: float")
+    .Attr("dim: int >= 1")
+    .Attr("insert: bool")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle ids, unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &ids));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &unused));
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(c->Dim(ids, 0), dim));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The embeddings of `ids` (repeats allowed). With `insert` (training), each
+id counts `counts[i]` sightings at `step`, and an id admitted by them gets
+its row now; without (inference), nothing changes. Ids without a row give
+their initial value, or zeros if the table says so.
+)doc");
+
+class DynamicTableLookupOp : public OpKernel {
+ public:
+  explicit DynamicTableLookupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<DynamicEmbeddingTable> table;
+    OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
+    const Tensor& ids_t = ctx->input(1);
+    const Tensor& counts_t = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckIds(ids_t));
+    const int64_t n = ids_t.NumElements();
+    OP_REQUIRES(ctx, !insert_ || counts_t.NumElements() == n,
+                InvalidArgument("counts has ", counts_t.NumElements(),
+                                " entries but there are ", n, " ids"));
+    const int64_t step = ctx->input(3).scalar<int64_t>()();
+    const TableSpec& spec = table->spec();
+    const int64_t dim = spec.dim;
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out_t));
+    const int64_t* ids = ids_t.flat<int64_t>().data();
+    float* out = out_t->flat<float>().data();
+    std::vector<int64_t> row_of(n);
+    auto copy_rows = [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        float* o = out + i * dim;
+        if (row_of[i] >= 0) {
+          std::copy_n(table->Values(row_of[i]), dim, o);
+        } else if (spec.zeros_until_admitted) {
+          std::fill_n(o, dim, 0.0f);
+        } else {
+          InitialValue(spec, ids[i], o);
+        }
+      }
+    };
+    if (insert_) {
+      // Sightings and insertions change the index: one writer.
+      mutex_lock lock(*table->mu());
+      const int64_t* counts = counts_t.flat<int64_t>().data();
+      for (int64_t i = 0; i < n; ++i) row_of[i] = table->See(ids[i], counts[i], step);
+      ParallelFor(ctx, n, dim * 4, copy_rows);
+    } else {
+      tf_shared_lock lock(*table->mu());
+      for (int64_t i = 0; i < n; ++i) row_of[i] = table->FindRow(ids[i]);
+      ParallelFor(ctx, n, dim * 4, copy_rows);
+    }
+  }
+
+ private:
+  bool insert_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableLookup").Device(DEVICE_CPU),
+                        DynamicTableLookupOp);
+
+// The sparse optimizers over dynamic tables: ids must be unique; ids with no
+// row (not admitted, or evicted since the lookup) are skipped.
+#define TFDE_DYNAMIC_APPLY_COMMON_INPUTS \
+  .Input("table: resource")              \
+  .Input("ids: int64")                   \
+  .Input("grad: float")                  \
+  .Input("grad_rows: int32")
+
+template <int kNumScalars>
+Status DynamicApplyShape(shape_inference::InferenceContext* c) {
+  shape_inference::ShapeHandle s;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &s));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &s));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &s));
+  for (int i = 0; i < kNumScalars; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(4 + i), 0, &s));
+  c->set_output(0, c->Scalar());
+  return absl::OkStatus();
+}
+
+REGISTER_OP("TfdeDynamicTableApplySgd")
+    TFDE_DYNAMIC_APPLY_COMMON_INPUTS
+    .Input("learning_rate: float")
+    .Output("applied: int64")
+    .SetIsStateful()
+    .SetShapeFn(DynamicApplyShape<1>);
+REGISTER_OP("TfdeDynamicTableApplyAdagrad")
+    TFDE_DYNAMIC_APPLY_COMMON_INPUTS
+    .Input("learning_rate: float")
+    .Input("epsilon: float")
+    .Output("applied: int64")
+    .SetIsStateful()
+    .SetShapeFn(DynamicApplyShape<2>);
+REGISTER_OP("TfdeDynamicTableApplyLazyAdam")
+    TFDE_DYNAMIC_APPLY_COMMON_INPUTS
+    .Input("learning_rate: float")
+    .Input("beta_1: float")
+    .Input("beta_2: float")
+    .Input("epsilon: float")
+    .Input("step: float")
+    .Output("applied: int64")
+    .SetIsStateful()
+    .SetShapeFn(DynamicApplyShape<5>);
+REGISTER_OP("TfdeDynamicTableApplyFtrl")
+    TFDE_DYNAMIC_APPLY_COMMON_INPUTS
+    .Input("learning_rate: float")
+    .Input("l1: float")
+    .Input("l2: float")
+    .Input("l2_shrinkage: float")
+    .Input("beta: float")
+    .Input("learning_rate_power: float")
+    .Output("applied: int64")
+    .SetIsStateful()
+    .SetShapeFn(DynamicApplyShape<6>);
+#undef TFDE_DYNAMIC_APPLY_COMMON_INPUTS
+
+template <typename Update>
+class DynamicTableApplyOp : public OpKernel {
+ public:
+  explicit DynamicTableApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<DynamicEmbeddingTable> table;
+    OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
+    typename Update::Params params;
+    OP_REQUIRES_OK(ctx, Update::ReadParams(ctx, 4, &params));
+    const Tensor& ids_t = ctx->input(1);
+    const Tensor& grad_t = ctx->input(2);
+    const Tensor& grad_rows_t = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckIds(ids_t));
+    OP_REQUIRES(ctx, grad_t.dims() == 2,
+                InvalidArgument("grad must be a matrix, got shape ",
+                                grad_t.shape().DebugString()));
+    const TableSpec& spec = table->spec();
+    OP_REQUIRES(ctx, spec.num_slots == Update::kNumVars,
+                InvalidArgument("the table keeps ", spec.num_slots - 1,
+                                " optimizer slots but this optimizer needs ",
+                                Update::kNumVars - 1));
+    OP_REQUIRES(ctx, grad_t.dim_size(1) == spec.dim,
+                InvalidArgument("grad has width ", grad_t.dim_size(1),
+                                " but the table has width ", spec.dim));
+    const int64_t n = ids_t.NumElements();
+    const bool select = grad_rows_t.NumElements() > 0;
+    OP_REQUIRES(ctx, select ? grad_rows_t.NumElements() == n : grad_t.dim_size(0) == n,
+                InvalidArgument("grad has ", grad_t.dim_size(0), " rows and grad_rows ",
+                                grad_rows_t.NumElements(), " entries but there are ", n,
+                                " ids"));
+    const int32_t* grad_rows = select ? grad_rows_t.flat<int32_t>().data() : nullptr;
+    for (int64_t i = 0; select && i < n; ++i) {
+      OP_REQUIRES(ctx, grad_rows[i] >= 0 && grad_rows[i] < grad_t.dim_size(0),
+                  InvalidArgument("grad_rows[", i, "] = ", grad_rows[i],
+                                  " is out of range [0, ", grad_t.dim_size(0), ")"));
+    }
+    const int64_t* ids = ids_t.flat<int64_t>().data();
+    IdIndexMap<int64_t> seen(n);
+    for (int64_t i = 0; i < n; ++i) {
+      bool inserted;
+      const int32_t first = seen.FindOrInsert(ids[i], static_cast<int32_t>(i), &inserted);
+      OP_REQUIRES(ctx, inserted,
+                  InvalidArgument("ids[", i, "] = ", ids[i], " repeats ids[", first,
+                                  "]; sum the gradients of an id before applying them"));
+    }
+    mutex_lock lock(*table->mu());
+    std::vector<int64_t> row_of(n);
+    int64_t applied = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      row_of[i] = table->FindRow(ids[i]);
+      applied += row_of[i] >= 0;
+    }
+    const int64_t dim = spec.dim;
+    const float* grad = grad_t.flat<float>().data();
+    ParallelFor(ctx, n, dim * 12, [&](int64_t i0, int64_t i1) {
+      float* rows[Update::kNumVars];
+      for (int64_t i = i0; i < i1; ++i) {
+        if (row_of[i] < 0) continue;
+        float* base = table->Values(row_of[i]);
+        for (int v = 0; v < Update::kNumVars; ++v) rows[v] = base + v * dim;
+        const int64_t g = select ? grad_rows[i] : i;
+        Update::Row(params, rows, grad + g * dim, dim);
+      }
+    });
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = applied;
+  }
+};
+
+#define TFDE_REGISTER_DYNAMIC_APPLY(op_name, Update)                                \
+  REGISTER_KERNEL_BUILDER(Name(op_name).Device(DEVICE_CPU), DynamicTableApplyOp<Update>);
+TFDE_REGISTER_DYNAMIC_APPLY("TfdeDynamicTableApplySgd", SgdUpdate)
+TFDE_REGISTER_DYNAMIC_APPLY("TfdeDynamicTableApplyAdagrad", AdagradUpdate)
+TFDE_REGISTER_DYNAMIC_APPLY("TfdeDynamicTableApplyLazyAdam", LazyAdamUpdate)
+TFDE_REGISTER_DYNAMIC_APPLY("TfdeDynamicTableApplyFtrl", FtrlUpdate)
+#undef TFDE_REGISTER_DYNAMIC_APPLY
+
+REGISTER_OP("TfdeDynamicTableExport")
+    .Input("table: resource")
+    .Output("ids: int64")
+    .Output("values: float")
+    .Output("counts: int64")
+    .Output("last_seen: int64")
+    .Output("pending_ids: int64")
+    .Output("pending_counts: int64")
+    .Output("pending_last_seen: int64")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->UnknownShapeOfRank(3));
+      for (int i = 2; i < 7; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Every row, sorted by id: values[k] is [slots, dim] (the embedding, then the
+optimizer slots), with its sighting count and the step it was last seen;
+and the ids seen but not admitted yet, with their counts and steps.
+)doc");
+
+class DynamicTableExportOp : public OpKernel {
+ public:
+  explicit DynamicTableExportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<DynamicEmbeddingTable> table;
+    OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
+    tf_shared_lock lock(*table->mu());
+    const TableSpec& spec = table->spec();
+    const auto rows = table->SortedRows();
+    const int64_t k = static_cast<int64_t>(rows.size());
+    const int64_t width = spec.dim * spec.num_slots;
+    Tensor *ids_t, *values_t, *counts_t, *last_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &ids_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            1, TensorShape({k, spec.num_slots, spec.dim}), &values_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({k}), &counts_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({k}), &last_t));
+    float* values = values_t->flat<float>().data();
+    RowStore& store = table->store();
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t row = rows[j].second;
+      ids_t->flat<int64_t>()(j) = rows[j].first;
+      counts_t->flat<int64_t>()(j) = store.Count(row);
+      last_t->flat<int64_t>()(j) = store.LastSeen(row);
+    }
+    ParallelFor(ctx, k, width, [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        std::copy_n(table->Values(rows[j].second), width, values + j * width);
+      }
+    });
+    const auto pending = table->SortedPending();
+    const int64_t p = static_cast<int64_t>(pending.size());
+    Tensor *pid_t, *pcount_t, *plast_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({p}), &pid_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({p}), &pcount_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(6, TensorShape({p}), &plast_t));
+    for (int64_t j = 0; j < p; ++j) {
+      pid_t->flat<int64_t>()(j) = pending[j].first;
+      pcount_t->flat<int64_t>()(j) = pending[j].second.count;
+      plast_t->flat<int64_t>()(j) = pending[j].second.last_seen;
+    }
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableExport").Device(DEVICE_CPU),
+                        DynamicTableExportOp);
+
+REGISTER_OP("TfdeDynamicTableImport")
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("values: float")
+    .Input("counts: int64")
+    .Input("last_seen: int64")
+    .Input("pending_ids: int64")
+    .Input("pending_counts: int64")
+    .Input("pending_last_seen: int64")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle s;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 3, &s));
+      for (int i : {1, 3, 4, 5, 6, 7}) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &s));
+      return absl::OkStatus();
+    })
+    .Doc("Replaces the table's contents with an export's (all checked first).");
+
+class DynamicTableImportOp : public OpKernel {
+ public:
+  explicit DynamicTableImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<DynamicEmbeddingTable> table;
+    OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
+    const TableSpec& spec = table->spec();
+    const Tensor& ids_t = ctx->input(1);
+    const Tensor& values_t = ctx->input(2);
+    const int64_t k = ids_t.NumElements();
+    OP_REQUIRES(ctx, values_t.dims() == 3 && values_t.dim_size(0) == k &&
+                         values_t.dim_size(1) == spec.num_slots &&
+                         values_t.dim_size(2) == spec.dim,
+                InvalidArgument("values have shape ", values_t.shape().DebugString(),
+                                " but the table needs [", k, ", ", spec.num_slots, ", ",
+                                spec.dim, "] (ids, slots, dim)"));
+    for (int i : {3, 4}) {
+      OP_REQUIRES(ctx, ctx->input(i).NumElements() == k,
+                  InvalidArgument("input ", i, " has ", ctx->input(i).NumElements(),
+                                  " entries for ", k, " ids"));
+    }
+    const int64_t p = ctx->input(5).NumElements();
+    for (int i : {6, 7}) {
+      OP_REQUIRES(ctx, ctx->input(i).NumElements() == p,
+                  InvalidArgument("input ", i, " has ", ctx->input(i).NumElements(),
+                                  " entries for ", p, " pending ids"));
+    }
+    const int64_t* ids = ids_t.flat<int64_t>().data();
+    {
+      IdIndexMap<int64_t> seen(k);
+      for (int64_t i = 0; i < k; ++i) {
+        bool inserted;
+        const int32_t first = seen.FindOrInsert(ids[i], static_cast<int32_t>(i), &inserted);
+        OP_REQUIRES(ctx, inserted,
+                    InvalidArgument("ids[", i, "] = ", ids[i], " repeats ids[", first, "]"));
+      }
+    }
+    mutex_lock lock(*table->mu());
+    table->Clear();
+    const int64_t width = spec.dim * spec.num_slots;
+    const float* values = values_t.flat<float>().data();
+    const int64_t* counts = ctx->input(3).flat<int64_t>().data();
+    const int64_t* last = ctx->input(4).flat<int64_t>().data();
+    for (int64_t i = 0; i < k; ++i) {
+      OP_REQUIRES_OK(ctx, table->Restore(ids[i], values + i * width, counts[i], last[i]));
+    }
+    const int64_t* pids = ctx->input(5).flat<int64_t>().data();
+    const int64_t* pcounts = ctx->input(6).flat<int64_t>().data();
+    const int64_t* plast = ctx->input(7).flat<int64_t>().data();
+    for (int64_t i = 0; i < p; ++i) table->RestorePending(pids[i], pcounts[i], plast[i]);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableImport").Device(DEVICE_CPU),
+                        DynamicTableImportOp);
+
+REGISTER_OP("TfdeDynamicTableEvict")
+    .Input("table: resource")
+    .Input("step: int64")
+    .Input("max_unseen_steps: int64")
+    .Input("max_rows: int64")
+    .Output("evicted_ids: int64")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Removes, at `step`, the rows (and not-yet-admitted ids) last seen
+`max_unseen_steps` or more steps ago (if > 0), then, while more than
+`max_rows` rows remain (if > 0), the least frequently seen rows (ties: the
+least recently seen, then the smallest id). Returns the evicted ids, sorted.
+)doc");
+
+class DynamicTableEvictOp : public OpKernel {
+ public:
+  explicit DynamicTableEvictOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<DynamicEmbeddingTable> table;
+    OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
+    const int64_t step = ctx->input(1).scalar<int64_t>()();
+    const int64_t max_unseen = ctx->input(2).scalar<int64_t>()();
+    const int64_t max_rows = ctx->input(3).scalar<int64_t>()();
+    mutex_lock lock(*table->mu());
+    RowStore& store = table->store();
+    std::vector<int64_t> evicted;
+    std::vector<std::pair<int64_t, int64_t>> kept;
+    for (const auto& [id, row] : table->SortedRows()) {
+      if (max_unseen > 0 && step - store.LastSeen(row) >= max_unseen) {
+        evicted.push_back(id);
+        table->Remove(id, row);
+      } else {
+        kept.emplace_back(id, row);
+      }
+    }
+    if (max_unseen > 0) {
+      for (const auto& [id, pending] : table->SortedPending()) {
+        if (step - pending.last_seen >= max_unseen) table->ErasePending(id);
+      }
+    }
+    const int64_t excess = static_cast<int64_t>(kept.size()) - max_rows;
+    if (max_rows > 0 && excess > 0) {
+      auto colder = [&store](const std::pair<int64_t, int64_t>& a,
+                             const std::pair<int64_t, int64_t>& b) {
+        const int64_t ca = store.Count(a.second), cb = store.Count(b.second);
+        if (ca != cb) return ca < cb;
+        const int64_t la = store.LastSeen(a.second), lb = store.LastSeen(b.second);
+        if (la != lb) return la < lb;
+        return a.first < b.first;
+      };
+      std::nth_element(kept.begin(), kept.begin() + (excess - 1), kept.end(), colder);
+      for (int64_t j = 0; j < excess; ++j) {
+        evicted.push_back(kept[j].first);
+        table->Remove(kept[j].first, kept[j].second);
+      }
+    }
+    std::sort(evicted.begin(), evicted.end());
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({static_cast<int64_t>(evicted.size())}), &out));
+    std::copy(evicted.begin(), evicted.end(), out->flat<int64_t>().data());
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableEvict").Device(DEVICE_CPU),
+                        DynamicTableEvictOp);
+
+REGISTER_OP("TfdeDynamicTableStats")
+    .Input("table: resource")
+    .Output("stats: int64")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(3));
+      return absl::OkStatus();
+    })
+    .Doc("[live rows, ids pending admission, bytes of host memory held].");
+
+class DynamicTableStatsOp : public OpKernel {
+ public:
+  explicit DynamicTableStatsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<DynamicEmbeddingTable> table;
+    OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
+    tf_shared_lock lock(*table->mu());
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({3}), &out));
+    auto stats = out->flat<int64_t>();
+    stats(0) = table->size();
+    stats(1) = table->pending_size();
+    stats(2) = static_cast<int64_t>(table->Bytes());
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableStats").Device(DEVICE_CPU),
+                        DynamicTableStatsOp);
+
+}  // namespace tfde
