@@ -530,6 +530,11 @@ class DynamicTableLookupOp : public OpKernel {
       mutex_lock lock(*table->mu());
       const int64_t* counts = counts_t.flat<int64_t>().data();
       for (int64_t i = 0; i < n; ++i) row_of[i] = table->See(ids[i], counts[i], step);
+      // An id admitted by a later repeat in this call is served from its
+      // row everywhere in the call, whatever the order of the repeats.
+      for (int64_t i = 0; i < n; ++i) {
+        if (row_of[i] < 0) row_of[i] = table->FindRow(ids[i]);
+      }
       ParallelFor(ctx, n, dim * 4, copy_rows);
     } else {
       tf_shared_lock lock(*table->mu());

@@ -42,4 +42,4 @@ from tfde import nn  # noqa: E402
 from tfde.compat import deeprec as _deeprec  # noqa: E402,F401
 from tfde.compat import sok as _sok  # noqa: E402,F401
 from tfde.serving import export_for_serving  # noqa: E402
-from tfde.config import FeatureConfig, TableConfig  # noqa: E402
+from tfde.config import DynamicConfig, FeatureConfig, TableConfig  # noqa: E402

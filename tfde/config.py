@@ -25,6 +25,68 @@ def _default_initializer(embedding_dim):
       mean=0.0, stddev=1.0 / math.sqrt(embedding_dim))
 
 
+UNADMITTED_VALUES = ("initial", "zeros")
+
+
+@dataclasses.dataclass
+class DynamicConfig:
+  """How a dynamic table (`vocabulary_size=None`) admits and evicts ids.
+
+  >>> import tfde
+  >>> table = tfde.TableConfig(
+  ...     name="user", vocabulary_size=None, embedding_dim=8,
+  ...     dynamic=tfde.DynamicConfig(admit_after=3, evict_after_steps=1000))
+  >>> table.is_dynamic, table.dynamic.max_rows_per_shard
+  (True, None)
+
+  Attributes:
+    admit_after: An id gets a row (and is trained) from its
+      `admit_after`-th sighting on, counting every occurrence in training
+      lookups; 1 admits at once. Until then it stores nothing.
+    unadmitted_value: What lookups give for an id without a row: "initial"
+      (the row it would start with) or "zeros".
+    evict_after_steps: Rows (and pending ids) unseen for this many training
+      steps are evicted; None never evicts by age.
+    max_rows_per_shard: After age eviction, each shard keeps at most this
+      many rows, evicting the least frequently seen first (ties: least
+      recently seen, then smallest id); None for no limit. Growth and
+      eviction work together: the table grows freely up to the limit.
+    evict_every_steps: How often (in training steps) eviction runs.
+  """
+
+  admit_after: int = 1
+  unadmitted_value: str = "initial"
+  evict_after_steps: Optional[int] = None
+  max_rows_per_shard: Optional[int] = None
+  evict_every_steps: int = 1
+
+  def __post_init__(self):
+    for field in ("admit_after", "evict_every_steps"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"DynamicConfig.{field} must be an int >= 1, got {value!r}")
+    for field in ("evict_after_steps", "max_rows_per_shard"):
+      value = getattr(self, field)
+      if value is not None and (not isinstance(value, int) or
+                                isinstance(value, bool) or value < 1):
+        raise ValueError(f"DynamicConfig.{field} must be None or an int >= 1, "
+                         f"got {value!r}")
+    if self.unadmitted_value not in UNADMITTED_VALUES:
+      raise ValueError(f"DynamicConfig.unadmitted_value must be one of "
+                       f"{UNADMITTED_VALUES}, got {self.unadmitted_value!r}")
+
+  @property
+  def evicts(self):
+    return self.evict_after_steps is not None or self.max_rows_per_shard is not None
+
+  def get_config(self):
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_config(cls, config):
+    return cls(**config)
+
+
 @dataclasses.dataclass(eq=False)
 class TableConfig:
   """One embedding table, shared by one or more features.
@@ -50,6 +112,9 @@ class TableConfig:
       compatibility and validated, unused off SparseCore.
     max_unique_ids_per_partition: as above, for unique ids.
     seed: Seed of the deterministic row initialisation.
+    dynamic: For a dynamic table, its `DynamicConfig` (admission and
+      eviction); None gives the defaults (admit at once, never evict). Only
+      for `vocabulary_size=None`.
   """
 
   name: str
@@ -62,6 +127,7 @@ class TableConfig:
   max_ids_per_partition: int = 256
   max_unique_ids_per_partition: int = 256
   seed: int = 0
+  dynamic: Optional[DynamicConfig] = None
 
   def __post_init__(self):
     if not isinstance(self.name, str) or not self.name:
@@ -89,6 +155,18 @@ class TableConfig:
         raise ValueError(f"{where}: {field} must be a positive int, got {value!r}")
     if not isinstance(self.seed, int):
       raise ValueError(f"{where}: seed must be an int, got {self.seed!r}")
+    if self.vocabulary_size is None:
+      if self.dynamic is None:
+        self.dynamic = DynamicConfig()
+      elif isinstance(self.dynamic, dict):
+        self.dynamic = DynamicConfig.from_config(self.dynamic)
+      elif not isinstance(self.dynamic, DynamicConfig):
+        raise ValueError(f"{where}: dynamic must be a DynamicConfig, got "
+                         f"{type(self.dynamic).__name__}")
+    elif self.dynamic is not None:
+      raise ValueError(f"{where}: dynamic options need vocabulary_size=None "
+                       f"(a dynamic table), got vocabulary_size="
+                       f"{self.vocabulary_size}")
     if self.initializer is None:
       self.initializer = _default_initializer(self.embedding_dim)
     elif isinstance(self.initializer, (str, dict)):
@@ -126,6 +204,7 @@ class TableConfig:
         "max_ids_per_partition": self.max_ids_per_partition,
         "max_unique_ids_per_partition": self.max_unique_ids_per_partition,
         "seed": self.seed,
+        "dynamic": None if self.dynamic is None else self.dynamic.get_config(),
     }
 
   @classmethod

@@ -168,10 +168,12 @@ class _Group:
   def __init__(self, tables, num_shards):
     self.tables = tables
     self.replicated = tables[0].replicated
+    self.dynamic = tables[0].is_dynamic
     self.index = {t.name: i for i, t in enumerate(tables)}
     self.num_shards = 1 if self.replicated else num_shards
-    self.layout = sharding.FusedGroupLayout([t.vocabulary_size for t in tables],
-                                            self.num_shards)
+    # Dynamic tables have no row space to fuse: each is a group of its own.
+    self.layout = None if self.dynamic else sharding.FusedGroupLayout(
+        [t.vocabulary_size for t in tables], self.num_shards)
 
 
 def _same_table(a, b):
@@ -183,6 +185,11 @@ def _same_table(a, b):
 
 
 def _replicate(config, auto_replicate_bytes):
+  if config.is_dynamic:
+    if config.placement == "default_device":
+      raise ValueError(f"table {config.name!r} is dynamic; it is sharded, so "
+                       "placement 'default_device' does not apply")
+    return False
   if config.placement == "sparsecore":
     raise ValueError(
         f"table {config.name!r}: placement 'sparsecore' needs TPU SparseCore, "
@@ -196,6 +203,8 @@ def _replicate(config, auto_replicate_bytes):
 def _stack_tables(tables, table_stacking):
   """Groups of tables that share an exchange (same width and placement)."""
   def key(t):
+    if t.is_dynamic:
+      return (t.embedding_dim, "dynamic", t.name)  # always alone
     return (t.embedding_dim, t.replicated)
 
   if table_stacking == "auto":
@@ -219,6 +228,9 @@ def _stack_tables(tables, table_stacking):
       raise ValueError(f"table_stacking lists tables {repeated} twice")
     seen.update(names)
     members = [tables[n] for n in names]
+    if len(members) > 1 and any(t.is_dynamic for t in members):
+      raise ValueError(f"table_stacking group {list(names)} holds a dynamic "
+                       "table; dynamic tables are looked up alone")
     if len({key(t) for t in members}) > 1:
       raise ValueError(f"table_stacking group {list(names)} mixes widths or "
                        "placements; stacked tables must share both")
@@ -267,7 +279,13 @@ class ShardedLookup(tf.Module):
     for feature in feature_configs:
       cfg = feature.table
       existing = self.tables.get(cfg.name)
-      if existing is None:
+      if existing is None and cfg.is_dynamic:
+        if not train_in_backward:
+          raise ValueError(f"table {cfg.name!r} is dynamic: it trains inside "
+                           "the backward pass only (train_in_backward=True)")
+        _replicate(cfg, auto_replicate_bytes)  # validates the placement
+        self.tables[cfg.name] = tables_lib.DynamicTable(cfg, self.comm)
+      elif existing is None:
         self.tables[cfg.name] = tables_lib.ShardedTable(
             cfg, self.comm, replicated=_replicate(cfg, auto_replicate_bytes))
       elif existing.config is not cfg and not _same_table(existing.config, cfg):
@@ -301,17 +319,21 @@ class ShardedLookup(tf.Module):
         raise ValueError(f"{_where(name, table.name)} is missing from the inputs")
       ids, splits, w = flatten_feature(name, table.name, inputs[name],
                                        weights.get(name))
-      ids = check_id_range(ids, table.vocabulary_size, name, table.name)
+      if not table.is_dynamic:
+        # Dynamic tables take any int64 id as a key.
+        ids = check_id_range(ids, table.vocabulary_size, name, table.name)
       flat.append(FlatFeature(name, table, ids, splits, w))
     return flat
 
   # Trace-time Python only: autograph must not rewrite the pipeline.
   @tf.autograph.experimental.do_not_convert
-  def __call__(self, inputs, weights=None, trigger=None):
+  def __call__(self, inputs, weights=None, trigger=None, training=True):
     """Returns a dict of feature name -> [batch, dim] embeddings.
 
     `trigger` overrides the value of `update_trigger` (the Keras layer
-    passes its weight's value)."""
+    passes its weight's value). `training=False` (evaluation, serving)
+    keeps dynamic tables as they are: no sightings counted, no rows made.
+    """
     flat = self.flatten(inputs, weights)
     comm = comm_lib.current()
     if comm.num_replicas != self.comm.num_replicas:
@@ -325,7 +347,11 @@ class ShardedLookup(tf.Module):
     for group in self._groups:
       members = [f for f in flat if f.table.name in group.index]
       if members:
-        for feature, out in zip(members, self._lookup_group(group, members, trigger)):
+        if group.dynamic:
+          results = self._lookup_dynamic_group(group, members, trigger, training)
+        else:
+          results = self._lookup_group(group, members, trigger)
+        for feature, out in zip(members, results):
           outputs[feature.name] = out
     return {name: outputs[name] for name in self.feature_configs}
 
@@ -411,6 +437,61 @@ class ShardedLookup(tf.Module):
 
     return lookup(trigger)
 
+  def _lookup_dynamic_group(self, group, features, trigger, training):
+    """The pipeline for one dynamic table: ids are keys, routed by floor(id
+    mod N), each with its number of sightings in this batch (admission
+    counts them); the owner finds or creates the rows."""
+    comm = self.comm
+    num_shards = group.num_shards
+    replica = comm.replica_id()
+    table = group.tables[0]
+    ids = tf.concat([f.ids for f in features], 0)
+    sizes = [tf.size(f.ids) for f in features]
+    combiners = [self.feature_configs[f.name].table.combiner for f in features]
+
+    @tf.custom_gradient
+    def lookup(trigger_value):
+      # 1. Input distribution: unique ids with their counts, to their owners.
+      unique, inverse, counts = ops.unique_with_counts(ids)
+      counts = tf.cast(counts, tf.int64)
+      if num_shards == 1:
+        requested, requested_counts, answer_index, plan = unique, counts, inverse, None
+      else:
+        owner_ids, send_counts, positions = ops.partition_by_shard(
+            unique, num_shards, dynamic=True)
+        grouped_counts = tf.scatter_nd(positions[:, None], counts, tf.shape(counts))
+        plan = comm.plan(send_counts)
+        # Ids and counts travel together, as the two columns of one tensor.
+        received = comm.all_to_all(tf.stack([owner_ids, grouped_counts], 1), plan)
+        requested, requested_counts = received[:, 0], received[:, 1]
+        answer_index = tf.gather(positions, inverse)
+      # 2. Local compute: find (or, training, admit and create) the rows.
+      rows = table.lookup_shard(replica, requested, requested_counts, training)
+      # 3. Output distribution.
+      answered = rows if plan is None else comm.all_to_all(rows, plan.reversed())
+      indices = tf.split(answer_index, sizes) if len(features) > 1 else [answer_index]
+      outputs = [ops.embedding_combine(answered, idx, f.row_splits, f.weights, c)
+                 for f, idx, c in zip(features, indices, combiners)]
+
+      def grad_fn(*output_grads, variables=None):
+        answer_grad = self._answer_grad(features, output_grads, answer_index,
+                                        combiners, answered)
+        if plan is None:
+          owned, summed = requested, answer_grad
+        else:
+          owner_grad = comm.all_to_all(answer_grad, plan)
+          # Several replicas may have asked for the same id.
+          owned, owned_inverse, _ = ops.unique_with_counts(requested)
+          summed = tf.math.unsorted_segment_sum(owner_grad, owned_inverse,
+                                                tf.size(owned))
+        step = table.apply_shard_update(replica, owned, summed)
+        trigger_grad = tf.zeros_like(trigger_value) * tf.cast(step, trigger_value.dtype)
+        return trigger_grad, [None] * len(variables or [])
+
+      return outputs, grad_fn
+
+    return lookup(trigger)
+
   def _gather_owned(self, group, replica, local_rows):
     shards = [t.shard(replica) for t in group.tables]
     if not self.train_in_backward:
@@ -487,5 +568,7 @@ class ShardedLookup(tf.Module):
   # ---- views
 
   def table_values(self):
-    """dict of table name -> full [V, D] numpy table (eager)."""
-    return {name: t.full_table() for name, t in self.tables.items()}
+    """dict of table name -> full [V, D] numpy table (eager); a dynamic
+    table gives its `export_rows()` dict (ids, table, slots, counts)."""
+    return {name: t.export_rows() if t.is_dynamic
+            else t.full_table() for name, t in self.tables.items()}

@@ -91,6 +91,18 @@ class SparseOptimizer:
   def _apply(self, table, slots, indices, grads, step, grad_rows):
     raise NotImplementedError
 
+  def scalars(self, step):
+    """The update's scalar inputs at 1-based `step`, in the order the ops
+    take them (after the gradient)."""
+    raise NotImplementedError
+
+  def apply_dynamic(self, store, ids, grads, step, grad_rows=None):
+    """Updates the rows of `ids` (unique) in a dynamic table shard; ids
+    without a row are skipped. Returns how many rows changed."""
+    step = tf.cast(step, tf.float32)
+    return store.apply(self.kind, ids, tf.cast(grads, tf.float32),
+                       self.scalars(step), grad_rows)
+
   # ---- explicit path (SOK style)
 
   def apply_gradients(self, grads_and_vars):
@@ -161,6 +173,9 @@ class SGD(SparseOptimizer):
     return ops.sparse_apply_sgd(table, indices, grads,
                                 self.learning_rate_at(step), grad_rows=grad_rows)
 
+  def scalars(self, step):
+    return [self.learning_rate_at(step)]
+
 
 class Adagrad(SparseOptimizer):
   """Keras Adagrad on touched rows: accumulator += g^2, w -= lr g /
@@ -177,6 +192,9 @@ class Adagrad(SparseOptimizer):
                                     self.learning_rate_at(step),
                                     self.hyper["epsilon"], grad_rows=grad_rows)
 
+  def scalars(self, step):
+    return [self.learning_rate_at(step), self.hyper["epsilon"]]
+
 
 class Adam(SparseOptimizer):
   """Lazy Adam: Keras Adam's formulas, but m, v and w change only for
@@ -191,6 +209,10 @@ class Adam(SparseOptimizer):
                                       grads, self.learning_rate_at(step),
                                       h["beta_1"], h["beta_2"], h["epsilon"],
                                       step, grad_rows=grad_rows)
+
+  def scalars(self, step):
+    h = self.hyper
+    return [self.learning_rate_at(step), h["beta_1"], h["beta_2"], h["epsilon"], step]
 
 
 LazyAdam = Adam
@@ -216,6 +238,13 @@ class Ftrl(SparseOptimizer):
         h["l2_regularization_strength"],
         h["l2_shrinkage_regularization_strength"], h["beta"],
         h["learning_rate_power"], grad_rows=grad_rows)
+
+  def scalars(self, step):
+    h = self.hyper
+    return [self.learning_rate_at(step), h["l1_regularization_strength"],
+            h["l2_regularization_strength"],
+            h["l2_shrinkage_regularization_strength"], h["beta"],
+            h["learning_rate_power"]]
 
 
 _KINDS = {cls.kind: cls for cls in (SGD, Adagrad, Adam, Ftrl)}

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfde import comm as comm_lib
+from tfde import ops
 from tfde import optimizers as optimizers_lib
 from tfde import sharding
 
@@ -104,6 +105,8 @@ class ShardedTable(tf.Module):
       from the strategy scope (or Horovod) this is built in.
     replicated: keep a full copy per replica instead of sharding.
   """
+
+  is_dynamic = False
 
   def __init__(self, config, communicator=None, replicated=False):
     super().__init__(name=config.name)
@@ -293,3 +296,259 @@ class ShardedTable(tf.Module):
     if shape != expected:
       raise ValueError(f"table {self.name!r}: {what} have shape {shape}, "
                        f"the table is {expected}")
+
+
+def dynamic_initializer(initializer, dim, table_name):
+  """(kind, a, b) of the per-id initializer a dynamic table can reproduce
+  in its kernel: zeros, constant, uniform, normal, truncated normal, and
+  variance scaling by fan_out (the row width; fan_in would need the
+  vocabulary size, which a dynamic table does not have)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  init = keras.initializers
+  cfg = initializer.get_config() if hasattr(initializer, "get_config") else {}
+  if isinstance(initializer, init.Zeros):
+    return "zeros", 0.0, 0.0
+  if isinstance(initializer, init.Ones):
+    return "constant", 1.0, 0.0
+  if isinstance(initializer, init.Constant):
+    return "constant", float(cfg["value"]), 0.0
+  if isinstance(initializer, init.TruncatedNormal):
+    return "truncated_normal", cfg["mean"], cfg["stddev"]
+  if isinstance(initializer, init.RandomNormal):
+    return "normal", cfg["mean"], cfg["stddev"]
+  if isinstance(initializer, init.RandomUniform):
+    return "uniform", cfg["minval"], cfg["maxval"]
+  if isinstance(initializer, init.VarianceScaling) and cfg["mode"] == "fan_out":
+    scale = cfg["scale"] / max(1.0, float(dim))
+    if cfg["distribution"] == "truncated_normal":
+      return "truncated_normal", 0.0, float(np.sqrt(scale) / 0.87962566103423978)
+    if cfg["distribution"] == "untruncated_normal":
+      return "normal", 0.0, float(np.sqrt(scale))
+    limit = float(np.sqrt(3.0 * scale))
+    return "uniform", -limit, limit
+  raise ValueError(
+      f"table {table_name!r} is dynamic, and its initializer "
+      f"{type(initializer).__name__} cannot be drawn per id; use Zeros, Ones, "
+      "Constant, RandomUniform, RandomNormal, TruncatedNormal or "
+      "VarianceScaling(mode='fan_out')")
+
+
+def dynamic_spec(config):
+  """The kernel-level description of a dynamic table's shards."""
+  kind, a, b = dynamic_initializer(config.initializer, config.embedding_dim,
+                                   config.name)
+  optimizer = config.optimizer
+  return ops.DynamicTableSpec(
+      dim=config.embedding_dim,
+      slot_initial_values=tuple(float(optimizer.slot_initial_value(s))
+                                for s in optimizer.slot_names),
+      initializer=kind, initializer_a=float(a), initializer_b=float(b),
+      seed=config.seed, admit_after=config.dynamic.admit_after,
+      zeros_until_admitted=config.dynamic.unadmitted_value == "zeros")
+
+
+class DynamicTable(tf.Module):
+  """A table with no fixed vocabulary: a hash table per replica, holding
+  the rows of the ids `id mod N` (floor) routes to it, created when an id
+  is first admitted and evicted by `config.dynamic`'s rules.
+
+  >>> import tensorflow as tf
+  >>> import tfde
+  >>> config = tfde.TableConfig(name="users", vocabulary_size=None,
+  ...                           embedding_dim=4, optimizer="sgd",
+  ...                           initializer="zeros")
+  >>> table = tfde.tables.DynamicTable(config)
+  >>> rows = table.lookup_shard(0, tf.constant([2**40, -7], tf.int64),
+  ...                           tf.constant([1, 1], tf.int64), training=True)
+  >>> table.size(), rows.shape
+  (2, TensorShape([2, 4]))
+
+  Any int64 id is a key, negative and hashed 64-bit ones included. Rows
+  start at the initializer drawn per (seed, id), so contents never depend
+  on the replica count or on the order ids arrive in. Memory grows with
+  the live rows (`memory_bytes()`), not with the id range. Checkpoints hold
+  the whole table (ids, rows, slots, sighting counts), so they restore onto
+  any number of replicas.
+  """
+
+  replicated = False
+  vocabulary_size = None
+  is_dynamic = True
+
+  def __init__(self, config, communicator=None):
+    super().__init__(name=config.name)
+    if not config.is_dynamic:
+      raise ValueError(f"table {config.name!r} has a vocabulary size; use "
+                       "ShardedTable")
+    self.config = config
+    self.comm = communicator or comm_lib.current()
+    self.num_shards = self.comm.num_replicas
+    self.optimizer = config.optimizer
+    self.spec = dynamic_spec(config)
+    self.stores = {}
+    self.steps = {}
+    for replica in self.comm.local_replicas():
+      device = self.comm.replica_device(replica)
+      suffix = f"shard_{replica}_of_{self.num_shards}"
+      self.stores[replica] = ops.dynamic_store(
+          self.spec, f"{config.name}_{suffix}", device)
+      self.steps[replica] = comm_lib._local_variable(  # pylint: disable=protected-access
+          tf.constant(0, tf.int64), f"{config.name}/{suffix}/step", device=device)
+
+  @property
+  def name(self):
+    return self.config.name
+
+  @property
+  def embedding_dim(self):
+    return self.config.embedding_dim
+
+  def local_variables(self):
+    return []
+
+  def lookup_shard(self, replica, ids, counts, training):
+    """Rows of `ids` (routed to this replica) from its shard. In training
+    each id counts `counts[i]` sightings at the coming step, which may
+    admit it (create its row); otherwise nothing changes."""
+    with tf.device(self.comm.replica_device(replica)):
+      step = tf.convert_to_tensor(self.steps[replica]) + 1
+      return self.stores[replica].lookup(ids, counts, step, insert=training)
+
+  def apply_shard_update(self, replica, ids, grads, optimizer=None, grad_rows=None):
+    """One optimizer step on the rows of `ids` (unique) in one shard, then
+    eviction when due. Returns the step as a tensor computed after both (see
+    ShardedTable.apply_shard_update)."""
+    optimizer = optimizer or self.optimizer
+    if optimizer.kind != self.optimizer.kind:
+      raise ValueError(f"table {self.name!r} keeps slots for "
+                       f"{self.optimizer.kind!r}, not {optimizer.kind!r}")
+    store = self.stores[replica]
+    dynamic = self.config.dynamic
+    with tf.device(self.comm.replica_device(replica)):
+      step = self.steps[replica].assign_add(1)
+      with tf.control_dependencies([step]):
+        applied = optimizer.apply_dynamic(store, ids, grads, step, grad_rows)
+      done = [applied]
+      if dynamic.evicts:
+        with tf.control_dependencies([applied]):
+          evicted = tf.cond(
+              tf.equal(step % dynamic.evict_every_steps, 0),
+              lambda: tf.size(store.evict(step, dynamic.evict_after_steps or 0,
+                                          dynamic.max_rows_per_shard or 0),
+                              out_type=tf.int64),
+              lambda: tf.constant(0, tf.int64))
+        done.append(evicted)
+      with tf.control_dependencies(done):
+        return step + 0 * tf.add_n(done)
+
+  # ---- whole-table views and checkpoints
+
+  _FIELDS = ("ids", "values", "counts", "last_seen", "pending_ids",
+             "pending_counts", "pending_last_seen")
+
+  def _trackable_children(self, save_type="checkpoint", **kwargs):
+    del save_type, kwargs
+    return {}
+
+  def _gathered(self):
+    """Every shard's export, concatenated and sorted by id (a collective
+    when shards live in other processes)."""
+    exports = {r: dict(zip(self._FIELDS, s.export())) for r, s in self.stores.items()}
+    whole = {}
+    for field in self._FIELDS:
+      sizes = self.comm.gather_replica_values(
+          {r: tf.shape(e[field], out_type=tf.int32)[0] for r, e in exports.items()})
+      longest = tf.reduce_max(sizes)
+
+      def padded(x, longest=longest):
+        pad = [[0, longest - tf.shape(x)[0]]] + [[0, 0]] * (len(x.shape) - 1)
+        return tf.pad(x, pad)
+
+      stacked = self.comm.gather_replica_values(
+          {r: padded(e[field]) for r, e in exports.items()})
+      whole[field] = tf.boolean_mask(stacked, tf.sequence_mask(sizes, longest))
+    order = tf.argsort(whole["ids"], stable=True)
+    pending_order = tf.argsort(whole["pending_ids"], stable=True)
+    for field in self._FIELDS:
+      whole[field] = tf.gather(whole[field],
+                               pending_order if field.startswith("pending") else order)
+    return whole
+
+  def _serialize_to_tensors(self):
+    whole = self._gathered()
+    tensors = {"ids": whole["ids"], "table": whole["values"][:, 0]}
+    for k, slot in enumerate(self.optimizer.slot_names):
+      tensors[f"slot_{slot}"] = whole["values"][:, k + 1]
+    for field in ("counts", "last_seen", "pending_ids", "pending_counts",
+                  "pending_last_seen"):
+      tensors[field] = whole[field]
+    tensors["step"] = tf.convert_to_tensor(self.steps[min(self.steps)])
+    return tensors
+
+  def _restore_from_tensors(self, restored_tensors):
+    needed = ({"ids", "table", "counts", "last_seen", "pending_ids",
+               "pending_counts", "pending_last_seen", "step"} |
+              {f"slot_{s}" for s in self.optimizer.slot_names})
+    missing = sorted(needed - set(restored_tensors))
+    if missing:
+      raise ValueError(f"table {self.name!r}: the checkpoint lacks {missing} (is "
+                       "it of a static table, or one trained with another "
+                       f"optimizer than {self.optimizer.kind!r}?)")
+    table = restored_tensors["table"]
+    if table.shape.rank != 2 or table.shape[1] != self.embedding_dim:
+      raise ValueError(f"table {self.name!r}: the checkpoint's rows have shape "
+                       f"{tuple(table.shape)}, the model's are (None, "
+                       f"{self.embedding_dim})")
+    values = tf.stack([table] + [restored_tensors[f"slot_{s}"]
+                                 for s in self.optimizer.slot_names], axis=1)
+    return self.assign_rows(
+        restored_tensors["ids"], values, restored_tensors["counts"],
+        restored_tensors["last_seen"], restored_tensors["pending_ids"],
+        restored_tensors["pending_counts"], restored_tensors["pending_last_seen"],
+        restored_tensors["step"])
+
+  def assign_rows(self, ids, values, counts=None, last_seen=None,
+                  pending_ids=None, pending_counts=None, pending_last_seen=None,
+                  step=None):
+    """Replaces the whole table: rows `values` [k, slots, dim] (or [k, dim],
+    slots then start at their initial values) for `ids`, each shard keeping
+    the ids it owns. Used by restore and warm start."""
+    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    values = tf.convert_to_tensor(values, tf.float32)
+    if values.shape.rank == 2:
+      slots = [tf.fill(tf.shape(values), tf.constant(v, tf.float32))
+               for v in self.spec.slot_initial_values]
+      values = tf.stack([values] + slots, axis=1)
+    zeros = tf.zeros_like(ids)
+    counts = zeros if counts is None else tf.cast(counts, tf.int64)
+    last_seen = zeros if last_seen is None else tf.cast(last_seen, tf.int64)
+    empty = tf.zeros([0], tf.int64)
+    pending = [empty if x is None else tf.cast(x, tf.int64)
+               for x in (pending_ids, pending_counts, pending_last_seen)]
+    updates = []
+    for replica, store in self.stores.items():
+      mine = tf.equal(tf.math.floormod(ids, self.num_shards), replica)
+      pending_mine = tf.equal(tf.math.floormod(pending[0], self.num_shards), replica)
+      with tf.device(self.comm.replica_device(replica)):
+        updates.append(store.import_(
+            tf.boolean_mask(ids, mine), tf.boolean_mask(values, mine),
+            tf.boolean_mask(counts, mine), tf.boolean_mask(last_seen, mine),
+            *[tf.boolean_mask(x, pending_mine) for x in pending]))
+    if step is not None:
+      updates += [s.assign(tf.cast(step, tf.int64)) for s in self.steps.values()]
+    return tf.group(updates)
+
+  def export_rows(self):
+    """The whole table as numpy arrays sorted by id: ids, table [k, dim],
+    one [k, dim] array per optimizer slot, counts, last_seen."""
+    tensors = self._serialize_to_tensors()
+    return {k: v.numpy() for k, v in tensors.items()}
+
+  def size(self):
+    """Live rows over all shards of this process (eager)."""
+    return int(sum(int(s.stats()[0]) for s in self.stores.values()))
+
+  def memory_bytes(self):
+    """Host memory held by this process's shards (eager): grows with the
+    live rows, not with the range of the ids."""
+    return int(sum(int(s.stats()[2]) for s in self.stores.values()))

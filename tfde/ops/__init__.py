@@ -151,6 +151,22 @@ def sparse_apply_ftrl(var, accumulator, linear, indices, grad, learning_rate,
                                    learning_rate_power, grad_rows=grad_rows)
 
 
+# Dynamic tables: one store per shard, on the backend current when it is
+# made (the kernel's hash-table resource, or its tf.lookup twin). A store has
+# lookup(ids, counts, step, insert), apply(kind, ids, grad, scalars,
+# grad_rows), export(), import_(...), evict(step, max_unseen_steps,
+# max_rows) and stats(); see reference.DynamicStoreTwin.
+DynamicTableSpec = reference.DynamicTableSpec
+dynamic_initial_values = reference.dynamic_initial_values
+
+
+def dynamic_store(spec, name, device=None):
+  """A new, empty dynamic table shard."""
+  if current_backend() == KERNELS:
+    return native.NativeDynamicStore(spec, name, device)
+  return reference.DynamicStoreTwin(spec, name, device)
+
+
 @tf.RegisterGradient("TfdeEmbeddingCombine")
 def _embedding_combine_gradient(op, grad):
   rows, inverse, row_splits, weights = op.inputs

@@ -117,3 +117,63 @@ def sparse_apply_ftrl(var, accumulator, linear, indices, grad, learning_rate,
 def gather_from_tables(tables, rows, bases):
   return load().tfde_gather_from_tables([t.handle for t in tables], rows,
                                         bases=[int(b) for b in bases])
+
+
+class NativeDynamicStore:
+  """A dynamic table shard in the kernel's hash-table resource
+  (kernels/dynamic_table_ops.cc); the interface of
+  `reference.DynamicStoreTwin`."""
+
+  _APPLY_OPS = {"sgd": "tfde_dynamic_table_apply_sgd",
+                "adagrad": "tfde_dynamic_table_apply_adagrad",
+                "adam": "tfde_dynamic_table_apply_lazy_adam",
+                "ftrl": "tfde_dynamic_table_apply_ftrl"}
+
+  _count = 0
+
+  def __init__(self, spec, name, device=None):
+    self.spec = spec
+    # Every store gets its own resource, however many share a name.
+    NativeDynamicStore._count += 1
+    shared_name = f"tfde_dynamic_{name}_{NativeDynamicStore._count}_{id(self)}"
+    with tf.device(device):
+      self._handle = load().tfde_dynamic_table_handle(
+          shared_name=shared_name, dim=spec.dim,
+          slot_initial_values=[float(v) for v in spec.slot_initial_values],
+          initializer=spec.initializer, initializer_a=float(spec.initializer_a),
+          initializer_b=float(spec.initializer_b), seed=int(spec.seed),
+          admit_after=int(spec.admit_after),
+          zeros_until_admitted=bool(spec.zeros_until_admitted))
+
+  def lookup(self, ids, counts, step, insert):
+    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    counts = (tf.zeros([0], tf.int64) if counts is None
+              else tf.cast(counts, tf.int64))
+    return load().tfde_dynamic_table_lookup(
+        self._handle, ids, counts, tf.cast(step, tf.int64), dim=self.spec.dim,
+        insert=insert)
+
+  def apply(self, kind, ids, grad, scalars, grad_rows=None):
+    op = getattr(load(), self._APPLY_OPS[kind])
+    return op(self._handle, tf.reshape(tf.cast(ids, tf.int64), [-1]),
+              tf.cast(grad, tf.float32), _rows(grad_rows),
+              *[_scalar(s) for s in scalars])
+
+  def export(self):
+    return load().tfde_dynamic_table_export(self._handle)
+
+  def import_(self, ids, values, counts, last_seen, pending_ids, pending_counts,
+              pending_last_seen):
+    cast = lambda x: tf.cast(x, tf.int64)
+    return load().tfde_dynamic_table_import(
+        self._handle, cast(ids), tf.cast(values, tf.float32), cast(counts),
+        cast(last_seen), cast(pending_ids), cast(pending_counts),
+        cast(pending_last_seen))
+
+  def evict(self, step, max_unseen_steps, max_rows):
+    return load().tfde_dynamic_table_evict(
+        self._handle, tf.cast(step, tf.int64),
+        tf.constant(max_unseen_steps, tf.int64), tf.constant(max_rows, tf.int64))
+
+  def stats(self):
+    return load().tfde_dynamic_table_stats(self._handle)

@@ -14,6 +14,8 @@ serves without tfde installed. Bad input raises the same
 ([7, 3], [0, 1, 0], [2, 1])
 """
 
+import dataclasses
+
 import tensorflow as tf
 from tensorflow.python.ops import gen_resource_variable_ops
 
@@ -195,65 +197,89 @@ def _select_rows(grad, grad_rows):
     return tf.gather(grad, grad_rows)
 
 
-def sparse_apply_sgd(var, indices, grad, learning_rate, grad_rows=None):
+# The optimizers' row formulas (Keras 3's rules), on tensors: rows[0] is the
+# table's rows, rows[1:] the slots' rows; each returns the new rows.
+
+
+def sgd_rows(rows, grad, learning_rate):
+  return [rows[0] - _f32(learning_rate) * grad]
+
+
+def adagrad_rows(rows, grad, learning_rate, epsilon):
+  acc = rows[1] + grad * grad
+  return [rows[0] - _f32(learning_rate) * grad / tf.sqrt(acc + _f32(epsilon)), acc]
+
+
+def lazy_adam_rows(rows, grad, learning_rate, beta_1, beta_2, epsilon, step):
+  step, beta_1, beta_2 = _f32(step), _f32(beta_1), _f32(beta_2)
+  alpha = (_f32(learning_rate) * tf.sqrt(1.0 - tf.pow(beta_2, step)) /
+           (1.0 - tf.pow(beta_1, step)))
+  m = rows[1] + (grad - rows[1]) * (1.0 - beta_1)
+  v = rows[2] + (grad * grad - rows[2]) * (1.0 - beta_2)
+  return [rows[0] - m * alpha / (tf.sqrt(v) + _f32(epsilon)), m, v]
+
+
+def ftrl_rows(rows, grad, learning_rate, l1, l2, l2_shrinkage, beta,
+              learning_rate_power):
+  w, acc, lin = rows
+  lr = _f32(learning_rate)
+  power = -_f32(learning_rate_power)
+  l2_total = _f32(l2) + _f32(beta) / (2.0 * lr)
+  grad_to_use = grad + 2.0 * _f32(l2_shrinkage) * w
+  new_acc = acc + grad * grad
+  new_acc_pow = tf.pow(new_acc, power)
+  lin = lin + grad_to_use - (new_acc_pow - tf.pow(acc, power)) / lr * w
+  quadratic = new_acc_pow / lr + 2.0 * l2_total
+  l1 = _f32(l1)
+  return [(tf.clip_by_value(lin, -l1, l1) - lin) / quadratic, new_acc, lin]
+
+
+ROW_UPDATES = {"sgd": sgd_rows, "adagrad": adagrad_rows,
+               "adam": lazy_adam_rows, "ftrl": ftrl_rows}
+
+
+def _scalar_checks(kind, scalars):
+  if kind == "adam":
+    step = _f32(scalars[4])
+    return [_assert(step >= 1.0, "step must be >= 1 (1-based), got ", step)]
+  if kind == "ftrl":
+    lr = _f32(scalars[0])
+    return [_assert(lr > 0.0, "learning_rate must be positive, got ", lr)]
+  return []
+
+
+def _sparse_apply(kind, variables, indices, grad, scalars, grad_rows):
   grad = _select_rows(grad, grad_rows)
-  with tf.control_dependencies(_update_checks(var, indices, grad)):
-    return var.scatter_sub(tf.IndexedSlices(_f32(learning_rate) * grad, indices))
+  checks = _update_checks(variables[0], indices, grad) + _scalar_checks(kind, scalars)
+  with tf.control_dependencies(checks):
+    rows = [tf.gather(v, indices) for v in variables]
+    new_rows = ROW_UPDATES[kind](rows, grad, *scalars)
+    return tf.group([v.scatter_update(tf.IndexedSlices(r, indices))
+                     for v, r in zip(variables, new_rows)])
+
+
+def sparse_apply_sgd(var, indices, grad, learning_rate, grad_rows=None):
+  return _sparse_apply("sgd", [var], indices, grad, [learning_rate], grad_rows)
 
 
 def sparse_apply_adagrad(var, accumulator, indices, grad, learning_rate,
                          epsilon, grad_rows=None):
-  grad = _select_rows(grad, grad_rows)
-  with tf.control_dependencies(_update_checks(var, indices, grad)):
-    acc = tf.gather(accumulator, indices) + grad * grad
-    w = tf.gather(var, indices) - _f32(learning_rate) * grad / tf.sqrt(acc + _f32(epsilon))
-    return tf.group(accumulator.scatter_update(tf.IndexedSlices(acc, indices)),
-                    var.scatter_update(tf.IndexedSlices(w, indices)))
+  return _sparse_apply("adagrad", [var, accumulator], indices, grad,
+                       [learning_rate, epsilon], grad_rows)
 
 
 def sparse_apply_lazy_adam(var, m, v, indices, grad, learning_rate, beta_1,
                            beta_2, epsilon, step, grad_rows=None):
-  grad = _select_rows(grad, grad_rows)
-  step = _f32(step)
-  checks = _update_checks(var, indices, grad)
-  checks.append(_assert(step >= 1.0, "step must be >= 1 (1-based), got ", step))
-  with tf.control_dependencies(checks):
-    beta_1, beta_2 = _f32(beta_1), _f32(beta_2)
-    alpha = (_f32(learning_rate) * tf.sqrt(1.0 - tf.pow(beta_2, step)) /
-             (1.0 - tf.pow(beta_1, step)))
-    m_rows = tf.gather(m, indices)
-    v_rows = tf.gather(v, indices)
-    m_rows = m_rows + (grad - m_rows) * (1.0 - beta_1)
-    v_rows = v_rows + (grad * grad - v_rows) * (1.0 - beta_2)
-    w = tf.gather(var, indices) - m_rows * alpha / (tf.sqrt(v_rows) + _f32(epsilon))
-    return tf.group(m.scatter_update(tf.IndexedSlices(m_rows, indices)),
-                    v.scatter_update(tf.IndexedSlices(v_rows, indices)),
-                    var.scatter_update(tf.IndexedSlices(w, indices)))
+  return _sparse_apply("adam", [var, m, v], indices, grad,
+                       [learning_rate, beta_1, beta_2, epsilon, step], grad_rows)
 
 
 def sparse_apply_ftrl(var, accumulator, linear, indices, grad, learning_rate,
                       l1, l2, l2_shrinkage, beta, learning_rate_power,
                       grad_rows=None):
-  grad = _select_rows(grad, grad_rows)
-  lr = _f32(learning_rate)
-  checks = _update_checks(var, indices, grad)
-  checks.append(_assert(lr > 0.0, "learning_rate must be positive, got ", lr))
-  with tf.control_dependencies(checks):
-    power = -_f32(learning_rate_power)
-    l2_total = _f32(l2) + _f32(beta) / (2.0 * lr)
-    w = tf.gather(var, indices)
-    acc = tf.gather(accumulator, indices)
-    lin = tf.gather(linear, indices)
-    grad_to_use = grad + 2.0 * _f32(l2_shrinkage) * w
-    new_acc = acc + grad * grad
-    new_acc_pow = tf.pow(new_acc, power)
-    lin = lin + grad_to_use - (new_acc_pow - tf.pow(acc, power)) / lr * w
-    quadratic = new_acc_pow / lr + 2.0 * l2_total
-    l1 = _f32(l1)
-    w = (tf.clip_by_value(lin, -l1, l1) - lin) / quadratic
-    return tf.group(linear.scatter_update(tf.IndexedSlices(lin, indices)),
-                    accumulator.scatter_update(tf.IndexedSlices(new_acc, indices)),
-                    var.scatter_update(tf.IndexedSlices(w, indices)))
+  return _sparse_apply("ftrl", [var, accumulator, linear], indices, grad,
+                       [learning_rate, l1, l2, l2_shrinkage, beta,
+                        learning_rate_power], grad_rows)
 
 
 def gather_from_tables(tables, rows, bases):
@@ -275,3 +301,287 @@ def gather_from_tables(tables, rows, bases):
     gathered = [gen_resource_variable_ops.resource_gather(t.handle, p, tf.float32)
                 for t, p in zip(tables, parts)]
     return tf.dynamic_stitch(slots, gathered)
+
+
+# ---- dynamic tables
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTableSpec:
+  """What a dynamic table shard stores and how new rows start.
+
+  Attributes:
+    dim: embedding width.
+    slot_initial_values: one initial value per optimizer slot; each row
+      keeps its embedding and its slots side by side.
+    initializer: "zeros", "constant" (a), "uniform" (a = min, b = max),
+      "normal" or "truncated_normal" (a = mean, b = stddev; truncated at
+      two standard deviations).
+    initializer_a, initializer_b: the initializer's parameters.
+    seed: seed of the per-id initial values.
+    admit_after: sightings of an id before it gets a row (1: at once).
+    zeros_until_admitted: lookups of ids without a row give zeros instead
+      of the id's initial value.
+  """
+
+  dim: int
+  slot_initial_values: tuple = ()
+  initializer: str = "zeros"
+  initializer_a: float = 0.0
+  initializer_b: float = 0.0
+  seed: int = 0
+  admit_after: int = 1
+  zeros_until_admitted: bool = False
+
+  @property
+  def num_slots(self):
+    return 1 + len(self.slot_initial_values)
+
+
+_MIX_1 = 0xBF58476D1CE4E5B9
+_MIX_2 = 0x94D049BB133111EB
+
+
+def _mix(x):
+  """splitmix64's finaliser on uint64 tensors (the kernel's MixId)."""
+  shift = lambda v, k: tf.bitwise.right_shift(v, tf.constant(k, tf.uint64))
+  x = tf.bitwise.bitwise_xor(x, shift(x, 30)) * tf.constant(_MIX_1, tf.uint64)
+  x = tf.bitwise.bitwise_xor(x, shift(x, 27)) * tf.constant(_MIX_2, tf.uint64)
+  return tf.bitwise.bitwise_xor(x, shift(x, 31))
+
+
+def _uniform01(key, dim, k):
+  """[n, dim] float64 draws in (0, 1) for (id key, column, k)."""
+  columns = tf.bitwise.left_shift(tf.range(dim, dtype=tf.int64), 3) + k
+  h = _mix(tf.bitwise.bitwise_xor(key[:, None],
+                                  tf.bitcast(columns, tf.uint64)[None, :]))
+  bits = tf.bitwise.right_shift(h, tf.constant(40, tf.uint64))
+  return (tf.cast(bits, tf.float64) + 0.5) / 16777216.0
+
+
+def _box_muller(u1, u2):
+  return tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos(6.283185307179586 * u2)
+
+
+def dynamic_initial_values(spec, ids):
+  """[n, dim] float32 initial embeddings of `ids`: a function of (seed, id,
+  column) only, the same as the kernel's."""
+  ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+  n = tf.size(ids)
+  seed_key = _mix(tf.bitcast(tf.constant([spec.seed], tf.int64), tf.uint64))
+  key = _mix(tf.bitwise.bitwise_xor(tf.bitcast(ids, tf.uint64), seed_key))
+  a = tf.constant(spec.initializer_a, tf.float64)
+  b = tf.constant(spec.initializer_b, tf.float64)
+  kind = spec.initializer
+  if kind == "zeros":
+    v = tf.zeros([n, spec.dim], tf.float64)
+  elif kind == "constant":
+    v = tf.fill([n, spec.dim], a)
+  elif kind == "uniform":
+    v = a + (b - a) * _uniform01(key, spec.dim, 0)
+  elif kind == "normal":
+    v = a + b * _box_muller(_uniform01(key, spec.dim, 0), _uniform01(key, spec.dim, 1))
+  elif kind == "truncated_normal":
+    # Up to four draws within two standard deviations, then clipped.
+    z = _box_muller(_uniform01(key, spec.dim, 6), _uniform01(key, spec.dim, 7))
+    for k in (2, 1, 0):
+      candidate = _box_muller(_uniform01(key, spec.dim, 2 * k),
+                              _uniform01(key, spec.dim, 2 * k + 1))
+      z = tf.where(tf.abs(candidate) <= 2.0, candidate, z)
+    v = a + b * tf.clip_by_value(z, -2.0, 2.0)
+  else:
+    raise ValueError(f"unknown initializer {kind!r}")
+  return tf.cast(v, tf.float32)
+
+
+def _check_unique_ids(ids):
+  n = tf.size(ids, out_type=tf.int32)
+  _, inverse = tf.unique(ids, out_idx=tf.int32)
+  first_position = tf.math.unsorted_segment_min(tf.range(n), inverse, n)
+  earlier = tf.gather(first_position, inverse)
+  repeat = first_index_where(tf.not_equal(earlier, tf.range(n)))
+  return _assert(tf.equal(tf.size(repeat), 0), "ids[", repeat, "] = ",
+                 tf.gather(ids, repeat), " repeats ids[", tf.gather(earlier, repeat),
+                 "]; sum the gradients of an id before applying them")
+
+
+class DynamicStoreTwin:
+  """A dynamic table shard of stock TF: `tf.lookup` hash tables from id to
+  row and from id to pending sightings, and variables of rows kept compact
+  (eviction rebuilds them). Same behaviour as the kernel's resource.
+  """
+
+  def __init__(self, spec, name, device=None):
+    self.spec = spec
+    s, d = spec.num_slots, spec.dim
+    with tf.device(device):
+      self._index = tf.lookup.experimental.MutableHashTable(
+          tf.int64, tf.int64, default_value=-1, name=f"{name}_index")
+      self._pending_count = tf.lookup.experimental.MutableHashTable(
+          tf.int64, tf.int64, default_value=0, name=f"{name}_pending_count")
+      self._pending_last = tf.lookup.experimental.MutableHashTable(
+          tf.int64, tf.int64, default_value=-1, name=f"{name}_pending_last")
+      self._values = tf.Variable(tf.zeros([0, s, d]), trainable=False,
+                                 shape=tf.TensorShape([None, s, d]),
+                                 name=f"{name}_values")
+      self._keys, self._counts, self._last = [
+          tf.Variable(tf.zeros([0], tf.int64), trainable=False,
+                      shape=tf.TensorShape([None]), name=f"{name}_{what}")
+          for what in ("keys", "counts", "last_seen")]
+
+  def _new_rows(self, ids):
+    """[k, slots, dim]: initial embeddings and slot values of new rows."""
+    init = dynamic_initial_values(self.spec, ids)
+    slots = [tf.fill(tf.shape(init), tf.constant(v, tf.float32))
+             for v in self.spec.slot_initial_values]
+    return tf.stack([init] + slots, axis=1)
+
+  def _embeddings_of(self, ids):
+    rows = self._index.lookup(ids)
+    found = rows >= 0
+    stored = tf.gather(self._values, tf.maximum(rows, 0))[:, 0]
+    if self.spec.zeros_until_admitted:
+      default = tf.zeros_like(stored)
+    else:
+      default = dynamic_initial_values(self.spec, ids)
+    return tf.where(found[:, None], stored, default)
+
+  def lookup(self, ids, counts, step, insert):
+    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    if not insert:
+      return self._embeddings_of(ids)
+    step = tf.cast(step, tf.int64)
+    unique, inverse = tf.unique(ids, out_idx=tf.int32)
+    seen_now = tf.math.unsorted_segment_sum(tf.cast(counts, tf.int64), inverse,
+                                            tf.size(unique))
+    rows = self._index.lookup(unique)
+    present = rows >= 0
+    known_rows = tf.boolean_mask(rows, present)
+    updates = [
+        self._counts.scatter_add(tf.IndexedSlices(tf.boolean_mask(seen_now, present),
+                                                  known_rows)),
+        self._last.scatter_max(tf.IndexedSlices(
+            tf.fill(tf.shape(known_rows), step), known_rows)),
+    ]
+    new_ids = tf.boolean_mask(unique, ~present)
+    seen = self._pending_count.lookup(new_ids) + tf.boolean_mask(seen_now, ~present)
+    admit = seen >= self.spec.admit_after
+    admitted, admitted_seen = tf.boolean_mask(new_ids, admit), tf.boolean_mask(seen, admit)
+    waiting, waiting_seen = tf.boolean_mask(new_ids, ~admit), tf.boolean_mask(seen, ~admit)
+    with tf.control_dependencies(updates):
+      base = tf.shape(self._keys, out_type=tf.int64)[0]
+      k = tf.size(admitted, out_type=tf.int64)
+      updates += [
+          self._values.assign(tf.concat([self._values, self._new_rows(admitted)], 0)),
+          self._keys.assign(tf.concat([self._keys, admitted], 0)),
+          self._counts.assign(tf.concat([self._counts, admitted_seen], 0)),
+          self._last.assign(tf.concat([self._last, tf.fill([k], step)], 0)),
+          self._index.insert(admitted, base + tf.range(k, dtype=tf.int64)),
+          self._pending_count.remove(admitted),
+          self._pending_last.remove(admitted),
+          self._pending_count.insert(waiting, waiting_seen),
+          self._pending_last.insert(waiting, tf.fill(tf.shape(waiting), step)),
+      ]
+    with tf.control_dependencies(updates):
+      return self._embeddings_of(ids)
+
+  def apply(self, kind, ids, grad, scalars, grad_rows=None):
+    """Applies `kind`'s update to the rows of `ids` (unique); ids without a
+    row are skipped. Returns how many rows were updated."""
+    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    grad = _select_rows(tf.cast(grad, tf.float32), grad_rows)
+    n = tf.size(ids, out_type=tf.int32)
+    checks = [_assert(tf.equal(tf.shape(grad)[0], n), "grad has ", tf.shape(grad)[0],
+                      " rows but there are ", n, " ids"),
+              _assert(tf.equal(tf.shape(grad)[1], self.spec.dim), "grad has width ",
+                      tf.shape(grad)[1], " but the table has width ",
+                      str(self.spec.dim)),
+              _check_unique_ids(ids)] + _scalar_checks(kind, scalars)
+    with tf.control_dependencies(checks):
+      rows = self._index.lookup(ids)
+      present = rows >= 0
+      rows = tf.boolean_mask(rows, present)
+      current = tf.gather(self._values, rows)
+      new = ROW_UPDATES[kind]([current[:, s] for s in range(self.spec.num_slots)],
+                              tf.boolean_mask(grad, present), *scalars)
+      update = self._values.scatter_nd_update(rows[:, None], tf.stack(new, axis=1))
+    with tf.control_dependencies([update]):
+      return tf.size(rows, out_type=tf.int64)
+
+  def export(self):
+    order = tf.argsort(self._keys, stable=True)
+    pending_ids, pending_counts = self._pending_count.export()
+    pending_order = tf.argsort(pending_ids, stable=True)
+    pending_ids = tf.gather(pending_ids, pending_order)
+    return (tf.gather(self._keys, order), tf.gather(self._values, order),
+            tf.gather(self._counts, order), tf.gather(self._last, order),
+            pending_ids, tf.gather(pending_counts, pending_order),
+            self._pending_last.lookup(pending_ids))
+
+  def import_(self, ids, values, counts, last_seen, pending_ids, pending_counts,
+              pending_last_seen):
+    ids = tf.cast(ids, tf.int64)
+    values = tf.convert_to_tensor(values, tf.float32)
+    k = tf.size(ids)
+    checks = [
+        _assert(tf.reduce_all(tf.equal(
+            tf.shape(values), tf.stack([k, self.spec.num_slots, self.spec.dim]))),
+            "values have shape ", tf.shape(values), " but the table needs [",
+            k, ", ", str(self.spec.num_slots), ", ", str(self.spec.dim),
+            "] (ids, slots, dim)"),
+        _check_unique_ids(ids)]
+    with tf.control_dependencies(checks):
+      clear = [self._index.remove(self._index.export()[0]),
+               self._pending_count.remove(self._pending_count.export()[0]),
+               self._pending_last.remove(self._pending_last.export()[0])]
+    with tf.control_dependencies(clear):
+      return tf.group(
+          self._values.assign(values), self._keys.assign(ids),
+          self._counts.assign(tf.cast(counts, tf.int64)),
+          self._last.assign(tf.cast(last_seen, tf.int64)),
+          self._index.insert(ids, tf.range(tf.size(ids, out_type=tf.int64))),
+          self._pending_count.insert(pending_ids, tf.cast(pending_counts, tf.int64)),
+          self._pending_last.insert(pending_ids, tf.cast(pending_last_seen, tf.int64)))
+
+  def evict(self, step, max_unseen_steps, max_rows):
+    """The kernel's eviction rules; returns the evicted ids, sorted."""
+    step = tf.cast(step, tf.int64)
+    n = tf.shape(self._keys)[0]
+    evict = tf.zeros([n], tf.bool)
+    if max_unseen_steps > 0:
+      evict = step - self._last >= max_unseen_steps
+    if max_rows > 0:
+      kept = tf.cast(tf.reshape(tf.where(~evict), [-1]), tf.int32)
+      # Coldest first: fewest sightings, then least recent, then smallest id.
+      order = tf.gather(kept, tf.argsort(tf.gather(self._keys, kept), stable=True))
+      order = tf.gather(order, tf.argsort(tf.gather(self._last, order), stable=True))
+      order = tf.gather(order, tf.argsort(tf.gather(self._counts, order), stable=True))
+      excess = tf.maximum(tf.size(kept) - max_rows, 0)
+      victims = order[:excess]
+      evict = evict | tf.scatter_nd(victims[:, None], tf.ones_like(victims, tf.bool), [n])
+    keep = tf.reshape(tf.where(~evict), [-1])
+    evicted = tf.sort(tf.boolean_mask(self._keys, evict))
+    kept_keys = tf.gather(self._keys, keep)
+    updates = [self._index.remove(evicted),
+               self._index.insert(kept_keys, tf.range(tf.size(keep, out_type=tf.int64)))]
+    with tf.control_dependencies(updates):
+      updates += [self._values.assign(tf.gather(self._values, keep)),
+                  self._counts.assign(tf.gather(self._counts, keep)),
+                  self._last.assign(tf.gather(self._last, keep))]
+      with tf.control_dependencies(updates):
+        updates.append(self._keys.assign(kept_keys))
+    if max_unseen_steps > 0:
+      pending_ids, _ = self._pending_count.export()
+      stale = tf.boolean_mask(
+          pending_ids, step - self._pending_last.lookup(pending_ids) >= max_unseen_steps)
+      updates += [self._pending_count.remove(stale), self._pending_last.remove(stale)]
+    with tf.control_dependencies(updates):
+      return tf.identity(evicted)
+
+  def stats(self):
+    """[live rows, ids pending admission, estimated bytes held]."""
+    size = tf.shape(self._keys, out_type=tf.int64)[0]
+    pending = self._pending_count.size()
+    row_bytes = 4 * self.spec.num_slots * self.spec.dim + 3 * 8
+    # The hash tables' entries, at about 48 bytes each.
+    return tf.stack([size, pending, size * (row_bytes + 48) + 2 * pending * 48])
