@@ -51,9 +51,9 @@ def _chunk_values(initializer, chunk, rows, dim, vocabulary_size, seed):
     # Keras's fans for a [V, D] matrix: fan_in = V, fan_out = D.
     fan_in, fan_out = float(vocabulary_size), float(dim)
     fan = {"fan_in": fan_in, "fan_out": fan_out,
-           "fan_avg": (fan_in + fan_out) / 2.0}[cfg["mode"]]
-    scale = cfg["scale"] / max(1.0, fan)
-    distribution = cfg["distribution"]
+           "fan_avg": (fan_in + fan_out) / 2.0}[initializer.mode]
+    scale = initializer.scale / max(1.0, fan)
+    distribution = initializer.distribution
     if distribution == "truncated_normal":
       return (np.sqrt(scale) / 0.87962566103423978 *
               tf.random.stateless_truncated_normal(shape, stateless_seed))
@@ -318,11 +318,13 @@ def dynamic_initializer(initializer, dim, table_name):
     return "normal", cfg["mean"], cfg["stddev"]
   if isinstance(initializer, init.RandomUniform):
     return "uniform", cfg["minval"], cfg["maxval"]
-  if isinstance(initializer, init.VarianceScaling) and cfg["mode"] == "fan_out":
-    scale = cfg["scale"] / max(1.0, float(dim))
-    if cfg["distribution"] == "truncated_normal":
+  # Glorot, He and Lecun initializers are VarianceScaling subclasses whose
+  # configs omit mode and distribution: read the attributes.
+  if isinstance(initializer, init.VarianceScaling) and initializer.mode == "fan_out":
+    scale = initializer.scale / max(1.0, float(dim))
+    if initializer.distribution == "truncated_normal":
       return "truncated_normal", 0.0, float(np.sqrt(scale) / 0.87962566103423978)
-    if cfg["distribution"] == "untruncated_normal":
+    if initializer.distribution == "untruncated_normal":
       return "normal", 0.0, float(np.sqrt(scale))
     limit = float(np.sqrt(3.0 * scale))
     return "uniform", -limit, limit

@@ -18,6 +18,7 @@ import dataclasses
 
 import tensorflow as tf
 from tensorflow.python.ops import gen_resource_variable_ops
+from tensorflow.python.ops import resource_variable_ops
 
 
 def _message(parts):
@@ -405,6 +406,19 @@ def _check_unique_ids(ids):
                  "]; sum the gradients of an id before applying them")
 
 
+def _find(table, keys):
+  """A tf.lookup table's values for keys, as a vector of known rank."""
+  return tf.reshape(table.lookup(keys), [-1])
+
+
+def _local_variable(initial_value, shape, name, device):
+  # A ResourceVariable built directly, outside any strategy's variable
+  # creator: a shard's storage must not become a mirrored variable.
+  with tf.init_scope(), tf.device(device):
+    return resource_variable_ops.ResourceVariable(
+        initial_value, shape=tf.TensorShape(shape), name=name, trainable=False)
+
+
 class DynamicStoreTwin:
   """A dynamic table shard of stock TF: `tf.lookup` hash tables from id to
   row and from id to pending sightings, and variables of rows kept compact
@@ -421,12 +435,10 @@ class DynamicStoreTwin:
           tf.int64, tf.int64, default_value=0, name=f"{name}_pending_count")
       self._pending_last = tf.lookup.experimental.MutableHashTable(
           tf.int64, tf.int64, default_value=-1, name=f"{name}_pending_last")
-      self._values = tf.Variable(tf.zeros([0, s, d]), trainable=False,
-                                 shape=tf.TensorShape([None, s, d]),
-                                 name=f"{name}_values")
+      self._values = _local_variable(tf.zeros([0, s, d]), [None, s, d],
+                                     f"{name}_values", device)
       self._keys, self._counts, self._last = [
-          tf.Variable(tf.zeros([0], tf.int64), trainable=False,
-                      shape=tf.TensorShape([None]), name=f"{name}_{what}")
+          _local_variable(tf.zeros([0], tf.int64), [None], f"{name}_{what}", device)
           for what in ("keys", "counts", "last_seen")]
 
   def _new_rows(self, ids):
@@ -437,9 +449,13 @@ class DynamicStoreTwin:
     return tf.stack([init] + slots, axis=1)
 
   def _embeddings_of(self, ids):
-    rows = self._index.lookup(ids)
+    rows = _find(self._index, ids)
     found = rows >= 0
-    stored = tf.gather(self._values, tf.maximum(rows, 0))[:, 0]
+    # One zero row past the end stands in for the missing (the table may be
+    # empty).
+    padded = tf.concat([self._values[:, 0], tf.zeros([1, self.spec.dim])], 0)
+    size = tf.shape(self._values, out_type=tf.int64)[0]
+    stored = tf.gather(padded, tf.where(found, rows, size))
     if self.spec.zeros_until_admitted:
       default = tf.zeros_like(stored)
     else:
@@ -454,7 +470,7 @@ class DynamicStoreTwin:
     unique, inverse = tf.unique(ids, out_idx=tf.int32)
     seen_now = tf.math.unsorted_segment_sum(tf.cast(counts, tf.int64), inverse,
                                             tf.size(unique))
-    rows = self._index.lookup(unique)
+    rows = _find(self._index, unique)
     present = rows >= 0
     known_rows = tf.boolean_mask(rows, present)
     updates = [
@@ -464,7 +480,7 @@ class DynamicStoreTwin:
             tf.fill(tf.shape(known_rows), step), known_rows)),
     ]
     new_ids = tf.boolean_mask(unique, ~present)
-    seen = self._pending_count.lookup(new_ids) + tf.boolean_mask(seen_now, ~present)
+    seen = _find(self._pending_count, new_ids) + tf.boolean_mask(seen_now, ~present)
     admit = seen >= self.spec.admit_after
     admitted, admitted_seen = tf.boolean_mask(new_ids, admit), tf.boolean_mask(seen, admit)
     waiting, waiting_seen = tf.boolean_mask(new_ids, ~admit), tf.boolean_mask(seen, ~admit)
@@ -498,7 +514,7 @@ class DynamicStoreTwin:
                       str(self.spec.dim)),
               _check_unique_ids(ids)] + _scalar_checks(kind, scalars)
     with tf.control_dependencies(checks):
-      rows = self._index.lookup(ids)
+      rows = _find(self._index, ids)
       present = rows >= 0
       rows = tf.boolean_mask(rows, present)
       current = tf.gather(self._values, rows)
@@ -516,7 +532,7 @@ class DynamicStoreTwin:
     return (tf.gather(self._keys, order), tf.gather(self._values, order),
             tf.gather(self._counts, order), tf.gather(self._last, order),
             pending_ids, tf.gather(pending_counts, pending_order),
-            self._pending_last.lookup(pending_ids))
+            _find(self._pending_last, pending_ids))
 
   def import_(self, ids, values, counts, last_seen, pending_ids, pending_counts,
               pending_last_seen):
@@ -573,7 +589,7 @@ class DynamicStoreTwin:
     if max_unseen_steps > 0:
       pending_ids, _ = self._pending_count.export()
       stale = tf.boolean_mask(
-          pending_ids, step - self._pending_last.lookup(pending_ids) >= max_unseen_steps)
+          pending_ids, step - _find(self._pending_last, pending_ids) >= max_unseen_steps)
       updates += [self._pending_count.remove(stale), self._pending_last.remove(stale)]
     with tf.control_dependencies(updates):
       return tf.identity(evicted)

@@ -1,0 +1,402 @@
+"""Dynamic tables (vocabulary_size=None) against a numpy dict-of-rows
+oracle (tests/oracles.py: DynamicTableOracle), on the kernel's hash-table
+resource and on its tf.lookup twin, for N in {1, 2, 4} replicas."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfde
+import tfde.ops
+from tests import oracles
+from tests import sharded_harness as h
+
+GLOBAL_BATCH = 8
+DIM = 4
+RTOL, ATOL = 2e-5, 2e-6
+# Ids as a hashing front end would make them: 64-bit, negative too.
+POOL = np.random.default_rng(7).integers(-2**63, 2**63 - 1, size=40, dtype=np.int64)
+POOL[:3] = [0, -1, 2**63 - 1]
+
+
+def mirrored(n):
+  return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+
+
+def _init_spec(kind):
+  return {"zeros": ("zeros", 0.0, 0.0), "constant": ("constant", 0.25, 0.0),
+          "uniform": ("uniform", -0.5, 0.5), "normal": ("normal", 0.1, 0.3),
+          "truncated_normal": ("truncated_normal", 0.0, 0.5)}[kind]
+
+
+def _keras_initializer(kind):
+  import keras  # pylint: disable=g-import-not-at-top
+  _, a, b = _init_spec(kind)
+  return {"zeros": keras.initializers.Zeros(),
+          "constant": keras.initializers.Constant(a),
+          "uniform": keras.initializers.RandomUniform(a, b),
+          "normal": keras.initializers.RandomNormal(a, b),
+          "truncated_normal": keras.initializers.TruncatedNormal(a, b)}[kind]
+
+
+def table_config(kind="adam", init="uniform", seed=3, **dynamic):
+  return tfde.TableConfig(
+      name="users", vocabulary_size=None, embedding_dim=DIM,
+      optimizer=h.sparse_optimizer(kind), initializer=_keras_initializer(init),
+      combiner="mean", seed=seed, dynamic=tfde.DynamicConfig(**dynamic))
+
+
+def feature_configs(table):
+  # Two features share the table: ragged (weighted, sum) and dense [B, 2].
+  ragged = tfde.TableConfig.from_config(dict(table.get_config(), combiner="sum"))
+  return {"clicks": tfde.FeatureConfig(name="clicks", table=ragged),
+          "pair": tfde.FeatureConfig(name="pair", table=table)}
+
+
+def oracle_for(kind, init="uniform", seed=3, **dynamic):
+  hp = h.numpy_optimizer(kind, (1, DIM)).hp
+  return oracles.DynamicTableOracle(
+      DIM, kind, hp, init=_init_spec(init), seed=seed,
+      admit_after=dynamic.get("admit_after", 1),
+      zeros_until_admitted=dynamic.get("unadmitted_value") == "zeros",
+      evict_after_steps=dynamic.get("evict_after_steps"),
+      max_rows=dynamic.get("max_rows_per_shard"),
+      evict_every_steps=dynamic.get("evict_every_steps", 1))
+
+
+def make_batch(step, pool=POOL):
+  rng = np.random.default_rng(100 + step)
+  # Skewed: a few ids are hot, many are seen once (and wait for admission).
+  pick = lambda k: [int(pool[i]) for i in np.minimum(rng.zipf(1.4, k) - 1, len(pool) - 1)]
+  clicks = [pick(int(rng.integers(0, 4))) for _ in range(GLOBAL_BATCH)]
+  weights = [list(rng.uniform(0.5, 1.5, len(c))) for c in clicks]
+  pair = [pick(2) for _ in range(GLOBAL_BATCH)]
+  targets = {f: rng.normal(size=(GLOBAL_BATCH, DIM)).astype(np.float32)
+             for f in ("clicks", "pair")}
+  return dict(clicks=clicks, weights=weights, pair=pair, targets=targets)
+
+
+def replica_inputs(batch, replica, n):
+  per = GLOBAL_BATCH // n
+  lo, hi = replica * per, (replica + 1) * per
+  clicks = batch["clicks"][lo:hi]
+  splits = np.concatenate([[0], np.cumsum([len(c) for c in clicks])]).astype(np.int64)
+  values = tf.constant([x for c in clicks for x in c], tf.int64, shape=[int(splits[-1])])
+  ragged = tf.RaggedTensor.from_row_splits(values, splits)
+  weights = tf.RaggedTensor.from_row_splits(
+      tf.constant([w for ws in batch["weights"][lo:hi] for w in ws], tf.float32,
+                  shape=[int(splits[-1])]), splits)
+  inputs = {"clicks": ragged, "pair": tf.constant(batch["pair"][lo:hi], tf.int64)}
+  targets = {f: tf.constant(t[lo:hi]) for f, t in batch["targets"].items()}
+  return inputs, {"clicks": weights}, targets
+
+
+def oracle_step(oracle, batch):
+  scale = 1.0 / GLOBAL_BATCH
+  outs = oracle.train_step([
+      (batch["clicks"], batch["weights"], "sum", batch["targets"]["clicks"], scale),
+      (batch["pair"], None, "mean", batch["targets"]["pair"], scale)])
+  return dict(zip(("clicks", "pair"), outs))
+
+
+class Trainer:
+  """The pipeline under MirroredStrategy over n logical CPUs."""
+
+  def __init__(self, strategy, configs):
+    self.strategy = strategy
+    self.n = strategy.num_replicas_in_sync
+    with strategy.scope():
+      self.lookup = tfde.lookup.ShardedLookup(configs)
+
+    def replica_step(inputs, weights, targets):
+      with tf.GradientTape() as tape:
+        outputs = self.lookup(inputs, weights)
+        loss = tf.add_n([tf.reduce_sum(tf.square(outputs[f] - targets[f]))
+                         for f in outputs]) / GLOBAL_BATCH
+      tape.gradient(loss, self.lookup.trainable_variables)
+      return outputs
+
+    @tf.function(reduce_retracing=True)
+    def step(inputs, weights, targets):
+      return strategy.run(replica_step, args=(inputs, weights, targets))
+
+    self._step = step
+
+  def __call__(self, batch):
+    per = [replica_inputs(batch, r, self.n) for r in range(self.n)]
+    dist = lambda i: self.strategy.experimental_distribute_values_from_function(
+        lambda ctx: per[ctx.replica_id_in_sync_group][i])
+    outputs = self._step(dist(0), dist(1), dist(2))
+    local = self.strategy.experimental_local_results(outputs)
+    return {f: np.concatenate([o[f].numpy() for o in local]) for f in ("clicks", "pair")}
+
+  @property
+  def table(self):
+    return self.lookup.tables["users"]
+
+
+def assert_table_equals_oracle(table, oracle, exact_only=False):
+  rows = table.export_rows()
+  want_ids = sorted(oracle.rows)
+  np.testing.assert_array_equal(rows["ids"], want_ids)
+  np.testing.assert_array_equal(rows["counts"], [oracle.rows[k]["count"] for k in want_ids])
+  np.testing.assert_array_equal(rows["last_seen"], [oracle.rows[k]["last"] for k in want_ids])
+  pending = sorted(oracle.pending)
+  np.testing.assert_array_equal(rows["pending_ids"], pending)
+  np.testing.assert_array_equal(rows["pending_counts"], [oracle.pending[k][0] for k in pending])
+  if not exact_only and want_ids:
+    np.testing.assert_allclose(rows["table"], [oracle.rows[k]["w"] for k in want_ids],
+                               rtol=RTOL, atol=ATOL)
+
+
+# ---- initial values
+
+
+@pytest.mark.parametrize("init", ["zeros", "constant", "uniform", "normal",
+                                  "truncated_normal"])
+def test_initial_values_are_a_function_of_seed_and_id(op_backend, init):
+  del op_backend
+  table = tfde.tables.DynamicTable(table_config("sgd", init, seed=11))
+  ids = tf.constant(POOL, tf.int64)
+  got = table.lookup_shard(0, ids, None, training=False).numpy()
+  kind, a, b = _init_spec(init)
+  want = [oracles.dynamic_initial_row(int(k), DIM, kind, a, b, 11) for k in POOL]
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  assert table.size() == 0  # an inference lookup creates nothing
+  if init in ("uniform", "normal", "truncated_normal"):
+    assert np.std(got) > 0.1
+    if init == "truncated_normal":
+      assert np.all(np.abs(got) <= 2 * 0.5 + 1e-6)
+
+
+def test_unreproducible_initializer_is_rejected():
+  import keras  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="table 'users' is dynamic.*GlorotUniform"):
+    tfde.tables.DynamicTable(tfde.TableConfig(
+        name="users", vocabulary_size=None, embedding_dim=4,
+        initializer=keras.initializers.GlorotUniform()))
+
+
+def test_dynamic_options_need_a_dynamic_table():
+  with pytest.raises(ValueError, match="dynamic options need vocabulary_size=None"):
+    tfde.TableConfig(name="t", vocabulary_size=10, embedding_dim=2,
+                     dynamic=tfde.DynamicConfig())
+  with pytest.raises(ValueError, match="admit_after must be an int >= 1"):
+    tfde.DynamicConfig(admit_after=0)
+  config = table_config(admit_after=3, evict_after_steps=5)
+  assert tfde.TableConfig.from_config(config.get_config()) == config
+
+
+# ---- admission and eviction, scripted
+
+
+SCRIPT = [  # ids of one sample each, step by step
+    [[1], [2], [2]],          # 2 admitted (2 sightings); 1 waits
+    [[1], [3], [4]],          # 1 admitted; 3, 4 wait
+    [[5], [5], [5]],          # 5 admitted
+    [[3], [6], [6]],          # 3 admitted; 6 admitted; 2 unseen for 3 steps
+    [[5], [7], [8]],          # over 4 rows: the least frequent go
+    [[9], [9], [5]],
+]
+
+
+def test_admission_and_eviction_follow_their_rules(op_backend):
+  del op_backend
+  dynamic = dict(admit_after=2, evict_after_steps=3, max_rows_per_shard=3)
+  table = tfde.TableConfig(name="users", vocabulary_size=None, embedding_dim=DIM,
+                           optimizer=tfde.optimizers.SGD(learning_rate=0.5),
+                           initializer="uniform", combiner="sum",
+                           dynamic=tfde.DynamicConfig(**dynamic))
+  lookup = tfde.lookup.ShardedLookup([tfde.FeatureConfig(name="f", table=table)])
+  oracle = oracles.DynamicTableOracle(
+      DIM, "sgd", dict(learning_rate=0.5), init=("uniform", -0.05, 0.05),
+      admit_after=2, evict_after_steps=3, max_rows=3)
+  history = []
+  for ids in SCRIPT:
+    target = np.ones((len(ids), DIM), np.float32)
+    with tf.GradientTape() as tape:
+      out = lookup({"f": tf.constant(ids, tf.int64)})["f"]
+      loss = tf.reduce_sum(tf.square(out - target))
+    tape.gradient(loss, lookup.trainable_variables)
+    want = oracle.train_step([(ids, None, "sum", target, 1.0)])[0]
+    np.testing.assert_allclose(out.numpy(), want, rtol=RTOL, atol=ATOL)
+    assert_table_equals_oracle(lookup.tables["users"], oracle)
+    history.append(sorted(oracle.rows))
+  # The rules, spelled out: admitted on the 2nd sighting, gone after 3
+  # unseen steps or when a shard holds more than 3 rows (coldest first).
+  assert history == [[2], [1, 2], [1, 2, 5], [3, 5, 6], [3, 5, 6], [5, 6, 9]]
+
+
+def test_zeros_until_admitted(op_backend):
+  del op_backend
+  table = tfde.tables.DynamicTable(table_config(
+      "sgd", "uniform", admit_after=2, unadmitted_value="zeros"))
+  first = table.lookup_shard(0, tf.constant([5, 9], tf.int64),
+                             tf.constant([1, 2], tf.int64), training=True).numpy()
+  assert np.all(first[0] == 0)  # seen once: not admitted, zeros
+  assert np.any(first[1] != 0)  # seen twice in one batch: admitted at once
+  assert table.size() == 1
+
+
+# ---- training equals the dict oracle, N = 1, 2, 4
+
+
+STEPS = 8
+
+
+@pytest.mark.parametrize("n", [1, 2, 4], ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "ftrl"])
+def test_training_equals_dict_oracle(n, kind):
+  dynamic = dict(admit_after=2, evict_after_steps=4)
+  trainer = Trainer(mirrored(n), feature_configs(table_config(kind, **dynamic)))
+  oracle = oracle_for(kind, **dynamic)
+  for step in range(STEPS):
+    batch = make_batch(step)
+    got = trainer(batch)
+    want = oracle_step(oracle, batch)
+    for f in got:
+      np.testing.assert_allclose(got[f], want[f], rtol=RTOL, atol=ATOL,
+                                 err_msg=f"step {step} feature {f}")
+  assert_table_equals_oracle(trainer.table, oracle)
+  assert len(oracle.rows) > 5 and oracle.pending  # admission did something
+  for store_step in trainer.table.steps.values():
+    assert int(store_step.numpy()) == STEPS
+
+
+def test_twin_trains_like_the_kernel_under_two_replicas():
+  results = []
+  for backend in (tfde.ops.KERNELS, tfde.ops.REFERENCE):
+    with tfde.ops.backend(backend):
+      trainer = Trainer(mirrored(2), feature_configs(
+          table_config("adam", admit_after=2, evict_after_steps=4)))
+      for step in range(5):
+        trainer(make_batch(step))
+      results.append(trainer.table.export_rows())
+  for key in results[0]:
+    np.testing.assert_allclose(results[0][key], results[1][key], rtol=1e-6,
+                               atol=1e-7, err_msg=key)
+
+
+# ---- checkpoints: any replica count
+
+
+@pytest.mark.parametrize("restore_n", [1, 4], ids=lambda n: f"to_N{n}")
+def test_checkpoint_restores_onto_other_replica_counts(tmp_path, restore_n):
+  dynamic = dict(admit_after=2, evict_after_steps=4)
+  trainer = Trainer(mirrored(2), feature_configs(table_config("adagrad", **dynamic)))
+  oracle = oracle_for("adagrad", **dynamic)
+  for step in range(3):
+    batch = make_batch(step)
+    trainer(batch)
+    oracle_step(oracle, batch)
+  saved = trainer.table.export_rows()
+  path = tf.train.Checkpoint(lookup=trainer.lookup).write(str(tmp_path / "ckpt"))
+
+  restored = Trainer(mirrored(restore_n),
+                     feature_configs(table_config("adagrad", **dynamic)))
+  tf.train.Checkpoint(lookup=restored.lookup).read(path).assert_consumed()
+  again = restored.table.export_rows()
+  for key in saved:
+    np.testing.assert_array_equal(again[key], saved[key], err_msg=key)
+  # Training on equals training that never stopped.
+  for step in range(3, 6):
+    batch = make_batch(step)
+    got = restored(batch)
+    want = oracle_step(oracle, batch)
+    np.testing.assert_allclose(got["pair"], want["pair"], rtol=RTOL, atol=ATOL)
+  assert_table_equals_oracle(restored.table, oracle)
+
+
+def test_checkpoint_of_another_width_is_refused_and_changes_nothing(tmp_path):
+  table = tfde.tables.DynamicTable(table_config("sgd"))
+  table.lookup_shard(0, tf.constant([3, 4], tf.int64), tf.constant([1, 1], tf.int64),
+                     training=True)
+  path = tf.train.Checkpoint(t=table).write(str(tmp_path / "ckpt"))
+  wider = tfde.TableConfig(name="users", vocabulary_size=None, embedding_dim=DIM + 1,
+                           optimizer="sgd", initializer="zeros")
+  other = tfde.tables.DynamicTable(wider)
+  other.lookup_shard(0, tf.constant([9], tf.int64), tf.constant([1], tf.int64),
+                     training=True)
+  with pytest.raises(ValueError, match=r"table 'users'.*shape \(2, 4\).*\(None, 5\)"):
+    tf.train.Checkpoint(t=other).read(path)
+  np.testing.assert_array_equal(other.export_rows()["ids"], [9])
+
+
+# ---- growth and memory
+
+
+def _insert(table, ids, batch=250_000):
+  for start in range(0, len(ids), batch):
+    chunk = tf.constant(ids[start:start + batch], tf.int64)
+    table.lookup_shard(0, chunk, tf.ones_like(chunk), training=True)
+
+
+def _rss_bytes():
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# Per live row (dim 8, SGD): 32 bytes of values, 24 of id, count and step,
+# and at most 32 of hash index (16-byte slots, at least half full).
+BYTES_PER_ROW_BOUND = 100
+
+
+def test_a_million_live_ids_stay_within_the_memory_bound():
+  config = tfde.TableConfig(name="big", vocabulary_size=None, embedding_dim=8,
+                            optimizer="sgd", initializer="zeros")
+  rng = np.random.default_rng(0)
+  spread = np.unique(rng.integers(-2**63, 2**63 - 1, size=1_050_000, dtype=np.int64))
+  spread = rng.permutation(spread)[:1_000_000]
+  with tfde.ops.backend(tfde.ops.KERNELS):
+    before = _rss_bytes()
+    table = tfde.tables.DynamicTable(config)
+    _insert(table, spread)
+    grown = _rss_bytes() - before
+    assert table.size() == 1_000_000
+    held = table.memory_bytes()
+    assert held <= BYTES_PER_ROW_BOUND * 1_000_000, held
+    # What the process really grew by is of the same order (TF's own
+    # buffers come and go around it).
+    assert grown <= 2 * BYTES_PER_ROW_BOUND * 1_000_000, grown
+    # Memory follows the live rows, not the id range: dense small ids cost
+    # the same.
+    dense = tfde.tables.DynamicTable(config)
+    _insert(dense, np.arange(1_000_000, dtype=np.int64))
+    assert abs(dense.memory_bytes() - held) <= 0.01 * held
+    # Rows read back as stored.
+    some = tf.constant(spread[:5], tf.int64)
+    np.testing.assert_array_equal(table.lookup_shard(0, some, None, False).numpy(),
+                                  np.zeros((5, 8)))
+    table.assign_rows(tf.zeros([0], tf.int64), tf.zeros([0, 8]))  # frees the rows
+    assert table.size() == 0
+
+
+# ---- bad input
+
+
+def test_ids_of_a_wrong_dtype_are_refused_and_change_nothing(op_backend):
+  del op_backend
+  lookup = tfde.lookup.ShardedLookup(feature_configs(table_config("sgd")))
+  lookup({"clicks": tf.ragged.constant([[1, 2]], tf.int64),
+          "pair": tf.constant([[3, 4]], tf.int64)})
+  before = lookup.tables["users"].export_rows()
+  with pytest.raises(TypeError, match=r"feature pair \(table users\).*float32"):
+    lookup({"clicks": tf.ragged.constant([[1]], tf.int64),
+            "pair": tf.constant([[3.0, 4.0]])})
+  after = lookup.tables["users"].export_rows()
+  for key in before:
+    np.testing.assert_array_equal(before[key], after[key])
+
+
+def test_repeated_ids_in_an_update_are_refused(op_backend):
+  del op_backend
+  table = tfde.tables.DynamicTable(table_config("adam"))
+  table.lookup_shard(0, tf.constant([3, 4], tf.int64), tf.constant([1, 1], tf.int64),
+                     training=True)
+  before = table.export_rows()
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids\[2\] = 3 repeats ids\[0\]"):
+    table.apply_shard_update(0, tf.constant([3, 4, 3], tf.int64), tf.ones([3, DIM]))
+  after = table.export_rows()
+  np.testing.assert_array_equal(after["table"], before["table"])
