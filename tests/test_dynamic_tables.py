@@ -400,3 +400,76 @@ def test_repeated_ids_in_an_update_are_refused(op_backend):
     table.apply_shard_update(0, tf.constant([3, 4, 3], tf.int64), tf.ones([3, DIM]))
   after = table.export_rows()
   np.testing.assert_array_equal(after["table"], before["table"])
+
+
+# ---- Keras: fit, predict, save and load, export for serving
+
+
+def _hashed_ranking_model():
+  """test_layers' ranking model with users as hashed 64-bit ids in a dynamic
+  table (admitted on the second sighting; keras-rs's default initializer)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  user = tfde.layers.TableConfig(
+      name="user", vocabulary_size=None, embedding_dim=16,
+      optimizer=tfde.optimizers.Adagrad(learning_rate=0.5),
+      dynamic=tfde.DynamicConfig(admit_after=2))
+  movie = tfde.layers.TableConfig(name="movie", vocabulary_size=500, embedding_dim=16,
+                                  optimizer=tfde.optimizers.Adagrad(learning_rate=0.5))
+  features = {"user_id": tfde.layers.FeatureConfig(name="user_id", table=user),
+              "movie_id": tfde.layers.FeatureConfig(name="movie_id", table=movie)}
+  inputs = {k: keras.Input(shape=(), dtype="int64", name=k) for k in features}
+  emb = tfde.layers.DistributedEmbedding(features, name="embedding")(inputs)
+  x = keras.layers.Concatenate()([emb["user_id"], emb["movie_id"]])
+  x = keras.layers.Dense(64, activation="relu")(x)
+  return keras.Model(inputs, keras.layers.Dense(1)(x))
+
+
+def _hashed_data(num, seed=0):
+  from tests import test_layers  # pylint: disable=g-import-not-at-top
+  x, y = test_layers._ranking_data(num, seed)  # pylint: disable=protected-access
+  # Each user id hashed to a 64-bit key (about half of them negative).
+  x["user_id"] = (x["user_id"].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+                  ).view(np.int64)
+  return x, y
+
+
+def test_keras_fit_predict_save_load_and_serve(tmp_path):
+  import keras  # pylint: disable=g-import-not-at-top
+  from tests import test_serving  # pylint: disable=g-import-not-at-top
+  with mirrored(2).scope():
+    model = _hashed_ranking_model()
+    model.compile(optimizer=keras.optimizers.Adam(0.005), loss="mse")
+  x, y = _hashed_data(4096)
+  history = model.fit(x, y, batch_size=256, epochs=8, verbose=0)
+  # The same margin as the static model's test in test_layers.
+  assert history.history["loss"][-1] < 0.5 * history.history["loss"][0]
+  layer = model.get_layer("embedding")
+  table = layer.tables["user"]
+  assert table.size() == len(np.unique(x["user_id"]))
+  before = table.export_rows()
+
+  # predict and evaluate neither count sightings nor admit new ids.
+  fresh = dict(x, user_id=np.arange(len(x["user_id"]), dtype=np.int64) + 10**15)
+  want = model.predict(fresh, batch_size=512, verbose=0)
+  model.evaluate(fresh, y, batch_size=512, verbose=0)
+  after = table.export_rows()
+  for key in before:
+    np.testing.assert_array_equal(before[key], after[key], err_msg=key)
+
+  # A .keras file restores the table under another replica count.
+  model.save(tmp_path / "model.keras")
+  with mirrored(1).scope():
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+  again = loaded.get_layer("embedding").tables["user"].export_rows()
+  for key in before:
+    np.testing.assert_array_equal(before[key], again[key], err_msg=key)
+
+  # Served without tfde: known ids from their rows, unknown ones from the
+  # initial value they would start with, as the model does.
+  mixed = {k: v[:64].copy() for k, v in x.items()}
+  mixed["user_id"][::2] = fresh["user_id"][:32]
+  want = model.predict(mixed, batch_size=64, verbose=0)
+  tfde.export_for_serving(model, str(tmp_path / "served"), mixed)
+  served = test_serving._serve_elsewhere(tmp_path, tmp_path / "served", mixed)  # pylint: disable=protected-access
+  np.testing.assert_allclose(np.array(served["outputs"]["output"]), want,
+                             rtol=1e-5, atol=1e-6)

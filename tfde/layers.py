@@ -144,8 +144,11 @@ class DistributedEmbedding(keras.layers.Layer):
       return inputs
     return {"inputs": inputs, "weights": weights}
 
-  def call(self, inputs, weights=None, training=False):
-    del training
+  def call(self, inputs, weights=None, training=None):
+    # Dynamic tables count sightings and admit ids in every call except
+    # those with training=False (Keras's predict and evaluate pass it).
+    updates_dynamic_tables = training is None or (
+        isinstance(training, bool) and training)
     if isinstance(inputs, dict) and set(inputs) == {"inputs", "weights"} and (
         not isinstance(self._feature_configs, dict) or
         not {"inputs", "weights"} <= set(self._feature_configs)):
@@ -163,7 +166,8 @@ class DistributedEmbedding(keras.layers.Layer):
       outputs = self._serving_lookup(serving, by_name, weights_by_name)
     else:
       outputs = self._lookup(by_name, weights_by_name,
-                             trigger=tf.convert_to_tensor(self.sparse_update_trigger.value))
+                             trigger=tf.convert_to_tensor(self.sparse_update_trigger.value),
+                             training=updates_dynamic_tables)
     return tf.nest.pack_sequence_as(
         self._feature_configs, [outputs[f.name] for f in self._flat_features])
 
@@ -175,9 +179,13 @@ class DistributedEmbedding(keras.layers.Layer):
     for f in self._flat_features:
       ids, splits, w = lookup_lib.flatten_feature(f.name, f.table.name,
                                                   inputs[f.name], weights.get(f.name))
-      ids = lookup_lib.check_id_range(ids, f.table.vocabulary_size, f.name,
-                                      f.table.name)
-      rows = tf.gather(tables[f.table.name], ids)
+      served = tables[f.table.name]
+      if f.table.is_dynamic:
+        rows = served.lookup(ids)
+      else:
+        ids = lookup_lib.check_id_range(ids, f.table.vocabulary_size, f.name,
+                                        f.table.name)
+        rows = tf.gather(served, ids)
       outputs[f.name] = reference.embedding_combine(
           rows, tf.range(tf.size(ids)), splits, w, f.table.combiner)
     return outputs
@@ -200,34 +208,60 @@ class DistributedEmbedding(keras.layers.Layer):
   # ---- saving: whole tables, so a model reloads under any replica count
 
   # Keys are "<table>:<what>"; "/" would open groups in an H5 weight file.
+  _DYNAMIC_KEYS = ("ids", "counts", "last_seen", "pending_ids", "pending_counts",
+                   "pending_last_seen")
+
   def save_own_variables(self, store):
     store["sparse_update_trigger"] = np.asarray(self.sparse_update_trigger.numpy())
     for name, table in self._lookup.tables.items():
-      store[f"{name}:table"] = table.full_table()
-      for slot in table.optimizer.slot_names:
-        store[f"{name}:{slot}"] = table.full_slot(slot)
+      if table.is_dynamic:
+        rows = table.export_rows()
+        for key in self._DYNAMIC_KEYS + ("table",):
+          store[f"{name}:{key}"] = rows[key]
+        for slot in table.optimizer.slot_names:
+          store[f"{name}:{slot}"] = rows[f"slot_{slot}"]
+      else:
+        store[f"{name}:table"] = table.full_table()
+        for slot in table.optimizer.slot_names:
+          store[f"{name}:{slot}"] = table.full_slot(slot)
       store[f"{name}:step"] = np.asarray(
           int(next(iter(table.steps.values())).numpy()))
 
   def load_own_variables(self, store):
     keys = set(store.keys())
     for name, table in self._lookup.tables.items():
-      expected = (table.vocabulary_size, table.embedding_dim)
       key = f"{name}:table"
       if key not in keys:
         raise ValueError(f"the saved weights have no table {name!r}; saved: "
                          f"{sorted(k.split(':')[0] for k in keys if k.endswith(':table'))}")
       shape = tuple(np.asarray(store[key]).shape)
-      if shape != expected:
+      if table.is_dynamic:
+        if f"{name}:ids" not in keys or len(shape) != 2 or shape[1] != table.embedding_dim:
+          raise ValueError(f"table {name!r}: saved rows of shape {shape} do not "
+                           f"fit the model's dynamic table of width "
+                           f"{table.embedding_dim}")
+        continue
+      expected = (table.vocabulary_size, table.embedding_dim)
+      if shape != expected or f"{name}:ids" in keys:
         raise ValueError(f"table {name!r}: saved shape {shape} differs from "
                          f"the model's {expected}")
     self.sparse_update_trigger.assign(np.asarray(store["sparse_update_trigger"]))
     for name, table in self._lookup.tables.items():
+      step = int(np.asarray(store[f"{name}:step"]))
+      if table.is_dynamic:
+        saved = {k: np.asarray(store[f"{name}:{k}"]) for k in self._DYNAMIC_KEYS}
+        values = np.stack([np.asarray(store[f"{name}:table"])] +
+                          [np.asarray(store[f"{name}:{s}"])
+                           for s in table.optimizer.slot_names], axis=1)
+        table.assign_rows(saved["ids"], values, saved["counts"], saved["last_seen"],
+                          saved["pending_ids"], saved["pending_counts"],
+                          saved["pending_last_seen"], step)
+        continue
       table.assign_full(np.asarray(store[f"{name}:table"]))
       for slot in table.optimizer.slot_names:
         table.assign_full_slot(slot, np.asarray(store[f"{name}:{slot}"]))
-      for step in table.steps.values():
-        step.assign(int(np.asarray(store[f"{name}:step"])))
+      for step_variable in table.steps.values():
+        step_variable.assign(step)
 
   def get_config(self):
     config = super().get_config()

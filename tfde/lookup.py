@@ -205,7 +205,7 @@ def _stack_tables(tables, table_stacking):
   def key(t):
     if t.is_dynamic:
       return (t.embedding_dim, "dynamic", t.name)  # always alone
-    return (t.embedding_dim, t.replicated)
+    return (t.embedding_dim, "replicated" if t.replicated else "sharded", "")
 
   if table_stacking == "auto":
     by_key = collections.defaultdict(list)

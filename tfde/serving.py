@@ -20,6 +20,7 @@ with the same error naming the feature and table as in training.
 import tensorflow as tf
 
 from tfde import layers as layers_lib
+from tfde.ops import reference
 
 
 def _spec(value):
@@ -40,6 +41,36 @@ def _embedding_layers(model_or_layer):
   if not found:
     raise ValueError(f"{model_or_layer.name} holds no DistributedEmbedding")
   return found
+
+
+class DynamicServingTable(tf.Module):
+  """A dynamic table frozen for serving: its rows as a [K, D] variable and a
+  `tf.lookup.StaticHashTable` from id to row, stock TF only."""
+
+  def __init__(self, table, name):
+    super().__init__(name=name)
+    rows = table.export_rows()
+    self.rows = tf.Variable(rows["table"], trainable=False, name=f"{name}_rows")
+    self.index = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(
+            tf.constant(rows["ids"], tf.int64),
+            tf.range(len(rows["ids"]), dtype=tf.int64)),
+        default_value=-1, name=f"{name}_index")
+    self._spec = table.spec
+
+  def lookup(self, ids):
+    """[n, D] rows of `ids`; unknown ids as described in
+    export_for_serving."""
+    ids = tf.cast(ids, tf.int64)
+    rows = self.index.lookup(ids)
+    found = rows >= 0
+    padded = tf.concat([tf.convert_to_tensor(self.rows),
+                        tf.zeros([1, self._spec.dim])], 0)
+    stored = tf.gather(padded, tf.where(found, rows, tf.shape(self.rows, out_type=tf.int64)[0]))
+    if self._spec.zeros_until_admitted:
+      return stored
+    return tf.where(found[:, None], stored,
+                    reference.dynamic_initial_values(self._spec, ids))
 
 
 class _Served(tf.Module):
@@ -63,19 +94,22 @@ def export_for_serving(model_or_layer, path, example_inputs):
       the batch dimension left free.
 
   The export has one function, `serve(inputs)`, returning what the model
-  returns. Dynamic tables are not supported yet.
+  returns. A dynamic table is exported as its rows and an id-to-row hash
+  map (`DynamicServingTable`); ids it does not hold get what an inference
+  lookup gives them in training (`DynamicConfig.unadmitted_value`): zeros,
+  or the initial value the id would start with, computed with stock ops.
   """
   embedding_layers = _embedding_layers(model_or_layer)
   tables = {}
   for layer in embedding_layers:
     full = {}
     for name, table in layer.tables.items():
-      if table.config.is_dynamic:
-        raise NotImplementedError(f"table {name!r} is dynamic; exporting "
-                                  "dynamic tables is not supported yet")
       with tf.init_scope():
-        full[name] = tf.Variable(table.full_table(), trainable=False,
-                                 name=f"{layer.name}_{name}")
+        if table.is_dynamic:
+          full[name] = DynamicServingTable(table, f"{layer.name}_{name}")
+        else:
+          full[name] = tf.Variable(table.full_table(), trainable=False,
+                                   name=f"{layer.name}_{name}")
     tables[layer.name] = full
   signature = tf.nest.map_structure(_spec, example_inputs)
 
