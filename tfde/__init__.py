@@ -39,6 +39,7 @@ from tfde import data  # noqa: E402
 from tfde import checkpoint  # noqa: E402
 from tfde import serving  # noqa: E402
 from tfde import nn  # noqa: E402
+from tfde import feature_column  # noqa: E402
 from tfde.compat import deeprec as _deeprec  # noqa: E402,F401
 from tfde.compat import sok as _sok  # noqa: E402,F401
 from tfde.serving import export_for_serving  # noqa: E402

@@ -59,7 +59,8 @@ def group_embedding_lookup_sparse(params, sp_ids, combiners,
   """Looks up a group of sparse features, one table each.
 
   Args:
-    params: list of tables: `tf.Variable` [V, D] or tfde `ShardedTable`.
+    params: list of tables: `tf.Variable` [V, D], or tfde tables
+      (`ShardedTable`, or `DynamicTable` taking any int64 id).
     sp_ids: list of `tf.SparseTensor` [batch, k] (or `tf.RaggedTensor`) ids.
     combiners: list of "sum", "mean" or "sqrtn" (or one for all).
     partition_strategy: "mod" only.
@@ -76,8 +77,9 @@ def group_embedding_lookup_sparse(params, sp_ids, combiners,
                                        partition_strategy)
   with tf.name_scope(name or "group_embedding_lookup_sparse"):
     results = [None] * len(params)
-    plain = [i for i, p in enumerate(params) if not isinstance(p, tables_lib.ShardedTable)]
-    sharded = [i for i, p in enumerate(params) if isinstance(p, tables_lib.ShardedTable)]
+    tfde_tables = (tables_lib.ShardedTable, tables_lib.DynamicTable)
+    plain = [i for i, p in enumerate(params) if not isinstance(p, tfde_tables)]
+    sharded = [i for i, p in enumerate(params) if isinstance(p, tfde_tables)]
     by_width = collections.defaultdict(list)
     for i in plain:
       if not isinstance(params[i], tf.Variable) or params[i].shape.rank != 2:
@@ -122,14 +124,14 @@ def _flatten(i, ids, weights, vocabulary_size):
   return flat_ids, splits, w
 
 
-def _plain_group(variables, sp_ids, combiners, sp_weights, indices):
+def _plain_group(table_vars, sp_ids, combiners, sp_weights, indices):
   """Whole-table tf.Variables of one width: one dedup, one gather."""
   bases, total = [], 0
-  for v in variables:
+  for v in table_vars:
     bases.append(total)
     total += int(v.shape[0])
   flat = [_flatten(i, ids, w, int(v.shape[0]))
-          for i, v, ids, w in zip(indices, variables, sp_ids, sp_weights)]
+          for i, v, ids, w in zip(indices, table_vars, sp_ids, sp_weights)]
   fused = tf.concat([f[0] + b for f, b in zip(flat, bases)], 0)
   sizes = [tf.size(f[0]) for f in flat]
 
@@ -137,12 +139,14 @@ def _plain_group(variables, sp_ids, combiners, sp_weights, indices):
   def lookup(*tables):
     del tables  # read through their handles below
     unique, inverse, _ = ops.unique_with_counts(fused)
-    rows = ops.gather_from_tables(variables, unique, bases)
+    rows = ops.gather_from_tables(table_vars, unique, bases)
     parts = tf.split(inverse, sizes) if len(flat) > 1 else [inverse]
     outputs = [ops.embedding_combine(rows, part, splits, w, c)
                for (_, splits, w), part, c in zip(flat, parts, combiners)]
 
-    def grad_fn(*output_grads):
+    def grad_fn(*output_grads, variables=None):
+      # The tables' gradients go to the inputs (their reads). A TF1 graph
+      # also reports the tables, read inside, as variables: they get None.
       grads = []
       per_row = tf.zeros_like(rows)
       for (_, splits, w), part, c, g in zip(flat, parts, combiners, output_grads):
@@ -151,16 +155,18 @@ def _plain_group(variables, sp_ids, combiners, sp_weights, indices):
                                                 tf.shape(rows)[0], c)
       table_index = tf.cast(tf.searchsorted(tf.constant(bases, unique.dtype),
                                             unique, side="right"), tf.int32) - 1
-      for t, (v, base) in enumerate(zip(variables, bases)):
+      for t, (v, base) in enumerate(zip(table_vars, bases)):
         mask = tf.equal(table_index, t)
         grads.append(tf.IndexedSlices(tf.boolean_mask(per_row, mask),
                                       tf.boolean_mask(unique, mask) - base,
                                       tf.shape(v, out_type=tf.int64)))
+      if variables is not None:
+        return grads, [None] * len(variables)
       return grads
 
     return outputs, grad_fn
 
-  return lookup(*variables)
+  return lookup(*table_vars)
 
 
 def _sharded_group(tables, sp_ids, combiners, sp_weights, indices):
