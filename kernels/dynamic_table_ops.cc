@@ -260,6 +260,10 @@ class DynamicEmbeddingTable : public ResourceBase {
 
   int64_t FindRow(int64_t id) const { return index_.Find(id); }
 
+  bool IsLiveRow(int64_t row) {
+    return row >= 0 && row < store_.allocated() && index_.Find(store_.Key(row)) == row;
+  }
+
   // Counts a sighting of `id` (`times` occurrences at `step`); returns its
   // row, created when this sighting admits it, or -1 while not admitted.
   int64_t See(int64_t id, int64_t times, int64_t step) {
@@ -469,6 +473,7 @@ REGISTER_OP("TfdeDynamicTableLookup")
     .Input("counts: int64")
     .Input("step: int64")
     .Output("rows: float")
+    .Output("addresses: int64")
     .Attr("dim: int >= 1")
     .Attr("insert: bool")
     .SetIsStateful()
@@ -480,10 +485,13 @@ REGISTER_OP("TfdeDynamicTableLookup")
       int64_t dim;
       TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
       c->set_output(0, c->Matrix(c->Dim(ids, 0), dim));
+      c->set_output(1, ids);
       return absl::OkStatus();
     })
     .Doc(R"doc(
-The embeddings of `ids` (repeats allowed). With `insert` (training), each
+The embeddings of `ids` (repeats allowed), and the address of each id's row
+after this lookup (-1 for ids without a row), as TfdeDynamicTableFindRows
+would give, read under the same lock. With `insert` (training), each
 id counts `counts[i]` sightings at `step`, and an id admitted by them gets
 its row now; without (inference), nothing changes. Ids without a row give
 their initial value, or zeros if the table says so.
@@ -512,7 +520,9 @@ class DynamicTableLookupOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out_t));
     const int64_t* ids = ids_t.flat<int64_t>().data();
     float* out = out_t->flat<float>().data();
-    std::vector<int64_t> row_of(n);
+    Tensor* addresses_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &addresses_t));
+    int64_t* row_of = addresses_t->flat<int64_t>().data();
     auto copy_rows = [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         float* o = out + i * dim;
@@ -552,11 +562,15 @@ REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableLookup").Device(DEVICE_CPU),
 
 // The sparse optimizers over dynamic tables: ids must be unique; ids with no
 // row (not admitted, or evicted since the lookup) are skipped.
+// With `by_address`, `ids` are row addresses from TfdeDynamicTableFindRows
+// (mxRec's flow): -1 (an id without a row) is skipped, and an address that
+// is not a live row is an error.
 #define TFDE_DYNAMIC_APPLY_COMMON_INPUTS \
   .Input("table: resource")              \
   .Input("ids: int64")                   \
   .Input("grad: float")                  \
-  .Input("grad_rows: int32")
+  .Input("grad_rows: int32")             \
+  .Attr("by_address: bool = false")
 
 template <int kNumScalars>
 Status DynamicApplyShape(shape_inference::InferenceContext* c) {
@@ -608,7 +622,9 @@ REGISTER_OP("TfdeDynamicTableApplyFtrl")
 template <typename Update>
 class DynamicTableApplyOp : public OpKernel {
  public:
-  explicit DynamicTableApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit DynamicTableApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("by_address", &by_address_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     RefCountPtr<DynamicEmbeddingTable> table;
@@ -643,19 +659,30 @@ class DynamicTableApplyOp : public OpKernel {
                                   " is out of range [0, ", grad_t.dim_size(0), ")"));
     }
     const int64_t* ids = ids_t.flat<int64_t>().data();
+    const char* what = by_address_ ? "addresses" : "ids";
     IdIndexMap<int64_t> seen(n);
     for (int64_t i = 0; i < n; ++i) {
+      if (by_address_ && ids[i] == -1) continue;  // ids without a row
       bool inserted;
       const int32_t first = seen.FindOrInsert(ids[i], static_cast<int32_t>(i), &inserted);
       OP_REQUIRES(ctx, inserted,
-                  InvalidArgument("ids[", i, "] = ", ids[i], " repeats ids[", first,
-                                  "]; sum the gradients of an id before applying them"));
+                  InvalidArgument(what, "[", i, "] = ", ids[i], " repeats ", what, "[",
+                                  first, "]; sum the gradients of an id before "
+                                  "applying them"));
     }
     mutex_lock lock(*table->mu());
     std::vector<int64_t> row_of(n);
     int64_t applied = 0;
     for (int64_t i = 0; i < n; ++i) {
-      row_of[i] = table->FindRow(ids[i]);
+      if (by_address_) {
+        OP_REQUIRES(ctx, ids[i] == -1 || table->IsLiveRow(ids[i]),
+                    InvalidArgument("addresses[", i, "] = ", ids[i],
+                                    " is not a row of the table (addresses come from "
+                                    "this step's lookup; -1 marks an id without a row)"));
+        row_of[i] = ids[i];
+      } else {
+        row_of[i] = table->FindRow(ids[i]);
+      }
       applied += row_of[i] >= 0;
     }
     const int64_t dim = spec.dim;
@@ -674,6 +701,9 @@ class DynamicTableApplyOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = applied;
   }
+
+ private:
+  bool by_address_;
 };
 
 #define TFDE_REGISTER_DYNAMIC_APPLY(op_name, Update)                                \
@@ -683,6 +713,43 @@ TFDE_REGISTER_DYNAMIC_APPLY("TfdeDynamicTableApplyAdagrad", AdagradUpdate)
 TFDE_REGISTER_DYNAMIC_APPLY("TfdeDynamicTableApplyLazyAdam", LazyAdamUpdate)
 TFDE_REGISTER_DYNAMIC_APPLY("TfdeDynamicTableApplyFtrl", FtrlUpdate)
 #undef TFDE_REGISTER_DYNAMIC_APPLY
+
+REGISTER_OP("TfdeDynamicTableFindRows")
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Output("addresses: int64")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle ids;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &ids));
+      c->set_output(0, ids);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The row address of each id, -1 for ids without a row. Addresses stay valid
+until the next eviction or import.
+)doc");
+
+class DynamicTableFindRowsOp : public OpKernel {
+ public:
+  explicit DynamicTableFindRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    RefCountPtr<DynamicEmbeddingTable> table;
+    OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
+    const Tensor& ids_t = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckIds(ids_t));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ids_t.shape(), &out));
+    tf_shared_lock lock(*table->mu());
+    const int64_t* ids = ids_t.flat<int64_t>().data();
+    int64_t* rows = out->flat<int64_t>().data();
+    for (int64_t i = 0; i < ids_t.NumElements(); ++i) rows[i] = table->FindRow(ids[i]);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableFindRows").Device(DEVICE_CPU),
+                        DynamicTableFindRowsOp);
 
 REGISTER_OP("TfdeDynamicTableExport")
     .Input("table: resource")

@@ -96,12 +96,14 @@ class SparseOptimizer:
     take them (after the gradient)."""
     raise NotImplementedError
 
-  def apply_dynamic(self, store, ids, grads, step, grad_rows=None):
+  def apply_dynamic(self, store, ids, grads, step, grad_rows=None,
+                    by_address=False):
     """Updates the rows of `ids` (unique) in a dynamic table shard; ids
-    without a row are skipped. Returns how many rows changed."""
+    without a row are skipped (`by_address`: ids are row addresses, -1
+    skipped). Returns how many rows changed."""
     step = tf.cast(step, tf.float32)
     return store.apply(self.kind, ids, tf.cast(grads, tf.float32),
-                       self.scalars(step), grad_rows)
+                       self.scalars(step), grad_rows, by_address=by_address)
 
   # ---- explicit path (SOK style)
 

@@ -416,9 +416,21 @@ class DynamicTable(tf.Module):
       step = tf.convert_to_tensor(self.steps[replica]) + 1
       return self.stores[replica].lookup(ids, counts, step, insert=training)
 
-  def apply_shard_update(self, replica, ids, grads, optimizer=None, grad_rows=None):
+  def lookup_shard_with_addresses(self, replica, ids, counts, training):
+    """lookup_shard's rows, and the addresses of the ids' rows after it (-1
+    for ids without a row), for `apply_shard_update(..., by_address=True)`
+    (mxRec's flow). Both come from one op, so the addresses see the rows
+    this lookup created."""
+    with tf.device(self.comm.replica_device(replica)):
+      step = tf.convert_to_tensor(self.steps[replica]) + 1
+      return self.stores[replica].lookup_with_addresses(ids, counts, step,
+                                                         insert=training)
+
+  def apply_shard_update(self, replica, ids, grads, optimizer=None, grad_rows=None,
+                         by_address=False):
     """One optimizer step on the rows of `ids` (unique) in one shard, then
-    eviction when due. Returns the step as a tensor computed after both (see
+    eviction when due. With `by_address`, `ids` are row addresses. Returns
+    the step as a tensor computed after both (see
     ShardedTable.apply_shard_update)."""
     optimizer = optimizer or self.optimizer
     if optimizer.kind != self.optimizer.kind:
@@ -427,9 +439,13 @@ class DynamicTable(tf.Module):
     store = self.stores[replica]
     dynamic = self.config.dynamic
     with tf.device(self.comm.replica_device(replica)):
-      step = self.steps[replica].assign_add(1)
+      # After the gradients exist, hence after this step's lookups read the
+      # step (a TF1 graph orders nothing else).
+      with tf.control_dependencies([ids, grads]):
+        step = self.steps[replica].assign_add(1)
       with tf.control_dependencies([step]):
-        applied = optimizer.apply_dynamic(store, ids, grads, step, grad_rows)
+        applied = optimizer.apply_dynamic(store, ids, grads, step, grad_rows,
+                                          by_address=by_address)
       done = [applied]
       if dynamic.evicts:
         with tf.control_dependencies([applied]):

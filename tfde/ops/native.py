@@ -146,6 +146,10 @@ class NativeDynamicStore:
           zeros_until_admitted=bool(spec.zeros_until_admitted))
 
   def lookup(self, ids, counts, step, insert):
+    return self.lookup_with_addresses(ids, counts, step, insert)[0]
+
+  def lookup_with_addresses(self, ids, counts, step, insert):
+    """(rows, row addresses after the lookup), from one op."""
     ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
     counts = (tf.zeros([0], tf.int64) if counts is None
               else tf.cast(counts, tf.int64))
@@ -153,11 +157,15 @@ class NativeDynamicStore:
         self._handle, ids, counts, tf.cast(step, tf.int64), dim=self.spec.dim,
         insert=insert)
 
-  def apply(self, kind, ids, grad, scalars, grad_rows=None):
+  def apply(self, kind, ids, grad, scalars, grad_rows=None, by_address=False):
     op = getattr(load(), self._APPLY_OPS[kind])
     return op(self._handle, tf.reshape(tf.cast(ids, tf.int64), [-1]),
               tf.cast(grad, tf.float32), _rows(grad_rows),
-              *[_scalar(s) for s in scalars])
+              *[_scalar(s) for s in scalars], by_address=by_address)
+
+  def addresses(self, ids):
+    return load().tfde_dynamic_table_find_rows(
+        self._handle, tf.reshape(tf.cast(ids, tf.int64), [-1]))
 
   def export(self):
     return load().tfde_dynamic_table_export(self._handle)

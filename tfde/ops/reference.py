@@ -425,9 +425,14 @@ class DynamicStoreTwin:
   (eviction rebuilds them). Same behaviour as the kernel's resource.
   """
 
+  _count = 0
+
   def __init__(self, spec, name, device=None):
     self.spec = spec
     s, d = spec.num_slots, spec.dim
+    # Unique names: a TF1 graph shares a hash table by node name.
+    DynamicStoreTwin._count += 1
+    name = f"{name}_{DynamicStoreTwin._count}"
     with tf.device(device):
       self._index = tf.lookup.experimental.MutableHashTable(
           tf.int64, tf.int64, default_value=-1, name=f"{name}_index")
@@ -463,9 +468,13 @@ class DynamicStoreTwin:
     return tf.where(found[:, None], stored, default)
 
   def lookup(self, ids, counts, step, insert):
+    return self.lookup_with_addresses(ids, counts, step, insert)[0]
+
+  def lookup_with_addresses(self, ids, counts, step, insert):
+    """(rows, row addresses after the lookup, -1 for ids without a row)."""
     ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
     if not insert:
-      return self._embeddings_of(ids)
+      return self._embeddings_of(ids), _find(self._index, ids)
     step = tf.cast(step, tf.int64)
     unique, inverse = tf.unique(ids, out_idx=tf.int32)
     seen_now = tf.math.unsorted_segment_sum(tf.cast(counts, tf.int64), inverse,
@@ -499,22 +508,45 @@ class DynamicStoreTwin:
           self._pending_last.insert(waiting, tf.fill(tf.shape(waiting), step)),
       ]
     with tf.control_dependencies(updates):
-      return self._embeddings_of(ids)
+      return self._embeddings_of(ids), _find(self._index, ids)
 
-  def apply(self, kind, ids, grad, scalars, grad_rows=None):
+  def addresses(self, ids):
+    """Row addresses of `ids` (-1 without a row), valid until the next
+    eviction or import."""
+    return _find(self._index, tf.reshape(tf.cast(ids, tf.int64), [-1]))
+
+  def apply(self, kind, ids, grad, scalars, grad_rows=None, by_address=False):
     """Applies `kind`'s update to the rows of `ids` (unique); ids without a
-    row are skipped. Returns how many rows were updated."""
+    row are skipped. With `by_address`, `ids` are row addresses: -1 is
+    skipped, any other must be a live row. Returns how many rows changed."""
     ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
     grad = _select_rows(tf.cast(grad, tf.float32), grad_rows)
+    # In a TF1 graph nothing orders variable reads: read the table only
+    # once the ids (which may come from this step's lookup) exist.
+    with tf.control_dependencies([ids, grad]):
+      return self._apply(kind, ids, grad, scalars, by_address)
+
+  def _apply(self, kind, ids, grad, scalars, by_address):
     n = tf.size(ids, out_type=tf.int32)
     checks = [_assert(tf.equal(tf.shape(grad)[0], n), "grad has ", tf.shape(grad)[0],
                       " rows but there are ", n, " ids"),
               _assert(tf.equal(tf.shape(grad)[1], self.spec.dim), "grad has width ",
                       tf.shape(grad)[1], " but the table has width ",
-                      str(self.spec.dim)),
-              _check_unique_ids(ids)] + _scalar_checks(kind, scalars)
+                      str(self.spec.dim))] + _scalar_checks(kind, scalars)
+    if by_address:
+      size = tf.shape(self._keys, out_type=tf.int64)[0]
+      has_row = tf.not_equal(ids, -1)
+      bad = first_index_where(has_row & ((ids < 0) | (ids >= size)))
+      checks.append(_assert(
+          tf.equal(tf.size(bad), 0), "addresses[", bad, "] = ", tf.gather(ids, bad),
+          " is not a row of the table (addresses come from this step's lookup; "
+          "-1 marks an id without a row)"))
+      real = tf.boolean_mask(ids, has_row)
+      checks.append(_check_unique_ids(real))
+    else:
+      checks.append(_check_unique_ids(ids))
     with tf.control_dependencies(checks):
-      rows = _find(self._index, ids)
+      rows = ids if by_address else _find(self._index, ids)
       present = rows >= 0
       rows = tf.boolean_mask(rows, present)
       current = tf.gather(self._values, rows)
@@ -526,7 +558,8 @@ class DynamicStoreTwin:
 
   def export(self):
     order = tf.argsort(self._keys, stable=True)
-    pending_ids, pending_counts = self._pending_count.export()
+    pending_ids, pending_counts = [tf.reshape(x, [-1]) for x in
+                                   self._pending_count.export()]
     pending_order = tf.argsort(pending_ids, stable=True)
     pending_ids = tf.gather(pending_ids, pending_order)
     return (tf.gather(self._keys, order), tf.gather(self._values, order),

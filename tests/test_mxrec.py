@@ -1,0 +1,172 @@
+"""mxRec's flow (tfde.compat.mxrec) and tfde's own pipeline in TF1 graph
+mode (tf.compat.v1.Session), against the numpy oracles."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfde
+from tests import oracles
+from tests import sharded_harness as h
+
+DIM = 3
+BATCH, SLOTS = 5, 2
+ADAM = dict(learning_rate=0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-7)
+
+
+def _ids(step):
+  rng = np.random.default_rng(step)
+  pool = np.array([7, -3, 2**62 + 1, 40, -2**50, 11], np.int64)
+  return pool[np.minimum(rng.zipf(1.5, (BATCH, SLOTS)) - 1, len(pool) - 1)]
+
+
+def _rows(sess, table):
+  """A graph-mode table's export_rows()."""
+  return sess.run(table.table._serialize_to_tensors())  # pylint: disable=protected-access
+
+
+def _graph(mxrec, expansion=True, capacity=None):
+  """The mxRec flow; returns its tensors and ops."""
+  mxrec.init(use_dynamic_expansion=expansion)
+  optimizer = mxrec.lazy_adam.create_hash_optimizer_by_addr(
+      learning_rate=ADAM["learning_rate"], beta1=ADAM["beta_1"], beta2=ADAM["beta_2"],
+      epsilon=ADAM["epsilon"])
+  table = mxrec.create_table(
+      key_dtype=tf.int64, dim=DIM, name="user",
+      emb_initializer=tf.random_uniform_initializer(-0.5, 0.5),
+      device_vocabulary_size=capacity, optimizer_list=[optimizer])
+  ids = tf.compat.v1.placeholder(tf.int64, [None, SLOTS])
+  target = tf.compat.v1.placeholder(tf.float32, [None, SLOTS, DIM])
+  emb = mxrec.sparse_lookup(table, ids, is_train=True)
+  loss = tf.reduce_sum(tf.square(emb - target))
+  local = tf.compat.v1.get_collection(mxrec.ASCEND_SPARSE_LOOKUP_LOCAL_EMB)
+  addresses = tf.compat.v1.get_collection(mxrec.ASCEND_SPARSE_LOOKUP_ID_OFFSET)
+  grads = tf.gradients(loss, local)
+  train = optimizer.apply_gradients(list(zip(grads, addresses)))
+  return dict(table=table, ids=ids, target=target, emb=emb, train=train,
+              addresses=addresses[0], optimizer=optimizer)
+
+
+def test_mxrec_dynamic_expansion_flow_equals_dict_oracle(op_backend):
+  del op_backend
+  from tfde.compat import mxrec  # pylint: disable=g-import-not-at-top
+  oracle = oracles.DynamicTableOracle(DIM, "adam", ADAM, init=("uniform", -0.5, 0.5))
+  with tf.Graph().as_default():
+    g = _graph(mxrec)
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      for step in range(6):
+        ids = _ids(step)
+        target = np.random.default_rng(50 + step).normal(size=(BATCH, SLOTS, DIM))
+        out, _ = sess.run([g["emb"], g["train"]], {g["ids"]: ids, g["target"]: target})
+        want = oracle.train_step([([[int(k)] for k in ids.ravel()], None, "sum",
+                                   target.reshape(-1, DIM), 1.0)])[0]
+        np.testing.assert_allclose(out.reshape(-1, DIM), want, rtol=2e-5, atol=2e-6,
+                                   err_msg=f"step {step}")
+      rows = _rows(sess, g["table"])
+  np.testing.assert_array_equal(rows["ids"], sorted(oracle.rows))
+  np.testing.assert_allclose(rows["table"], [oracle.rows[k]["w"] for k in sorted(oracle.rows)],
+                             rtol=2e-5, atol=2e-6)
+  assert int(rows["step"]) == 6
+
+
+def test_an_invalid_address_is_refused_and_changes_nothing(op_backend):
+  del op_backend
+  from tfde.compat import mxrec  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    g = _graph(mxrec)
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      feed = {g["ids"]: _ids(0), g["target"]: np.zeros((BATCH, SLOTS, DIM))}
+      sess.run(g["train"], feed)
+      before = _rows(sess, g["table"])
+      real = sess.run(g["addresses"], feed)
+      stale = real.copy()
+      stale[-1] = 10**6  # no such row
+      with pytest.raises(tf.errors.InvalidArgumentError,
+                         match=r"addresses\[\d+\] = 1000000 is not a row of the table"):
+        sess.run(g["train"], {**feed, g["addresses"]: stale})
+      after = _rows(sess, g["table"])
+  np.testing.assert_array_equal(after["table"], before["table"])
+
+
+def test_without_expansion_a_table_keeps_its_capacity():
+  from tfde.compat import mxrec  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    g = _graph(mxrec, expansion=False, capacity=3)
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      for step in range(4):
+        sess.run(g["train"], {g["ids"]: _ids(step),
+                              g["target"]: np.zeros((BATCH, SLOTS, DIM))})
+      assert len(_rows(sess, g["table"])["ids"]) == 3
+  with tf.Graph().as_default():
+    mxrec.init(use_dynamic_expansion=False)
+    with pytest.raises(ValueError, match="device_vocabulary_size bounds the table"):
+      mxrec.create_table(dim=2, name="t", optimizer_list=[
+          mxrec.gradient_descent.create_hash_optimizer(learning_rate=0.1)])
+
+
+def test_apply_gradients_needs_addresses_from_sparse_lookup():
+  from tfde.compat import mxrec  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    g = _graph(mxrec)
+    with pytest.raises(ValueError, match="is not a row-address tensor from sparse_lookup"):
+      g["optimizer"].apply_gradients([(tf.zeros([1, DIM]), g["addresses"] + 0)])
+
+
+# ---- tfde's own pipeline in a TF1 graph (an estimator's model_fn)
+
+
+@pytest.mark.parametrize("kind", ["adam", "ftrl"])
+def test_sharded_lookup_trains_in_a_tf1_session_like_eager(op_backend, kind):
+  del op_backend
+  steps = 4
+  batches = [h.make_batch(s, weighted=True, seed=3) for s in range(steps)]
+  results = []
+  for graph_mode in (False, True):
+    configs = h.feature_configs(kind)
+    dynamic = tfde.TableConfig(name="D", vocabulary_size=None, embedding_dim=4,
+                               optimizer=h.sparse_optimizer(kind), combiner="sum",
+                               initializer="uniform", dynamic=tfde.DynamicConfig(admit_after=2))
+    configs["d_hashed"] = tfde.FeatureConfig(name="d_hashed", table=dynamic)
+
+    def inputs_of(batch):
+      inputs, weights, targets = h.replica_inputs(batch, 0, 1)
+      inputs["d_hashed"] = inputs["a_dense"] * 7919 - 2**40
+      targets["d_hashed"] = targets["a_dense"]
+      return inputs, weights, targets
+
+    def loss_of(lookup, inputs, weights, targets):
+      outputs = lookup(inputs, weights)
+      return tf.add_n([tf.reduce_sum(tf.square(outputs[f] - targets[f]))
+                       for f in outputs])
+
+    if not graph_mode:
+      lookup = tfde.lookup.ShardedLookup(configs)
+      for batch in batches:
+        inputs, weights, targets = inputs_of(batch)
+        with tf.GradientTape() as tape:
+          loss = loss_of(lookup, inputs, weights, targets)
+        tape.gradient(loss, lookup.trainable_variables)
+      results.append((lookup.tables["A"].full_table(), lookup.tables["D"].export_rows()))
+      continue
+    with tf.Graph().as_default():
+      lookup = tfde.lookup.ShardedLookup(configs)
+      feeds = [inputs_of(b) for b in batches]
+      train_ops = []
+      for inputs, weights, targets in feeds:  # one op per batch (fixed inputs)
+        loss = loss_of(lookup, inputs, weights, targets)
+        train_ops.append(tf.gradients(loss, lookup.trainable_variables))
+      with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for op in train_ops:
+          sess.run(op)
+        table_a = sess.run(lookup.tables["A"]._gathered(lookup.tables["A"].shards))  # pylint: disable=protected-access
+        dyn = sess.run(lookup.tables["D"]._serialize_to_tensors())  # pylint: disable=protected-access
+    results.append((table_a, dyn))
+  (eager_a, eager_d), (graph_a, graph_d) = results
+  np.testing.assert_allclose(graph_a, eager_a, rtol=1e-5, atol=1e-6)
+  for key in eager_d:
+    np.testing.assert_allclose(graph_d[key], eager_d[key], rtol=1e-5, atol=1e-6,
+                               err_msg=key)

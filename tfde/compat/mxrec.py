@@ -1,0 +1,246 @@
+"""Huawei mxRec's training flow on tfde: hash tables with dynamic expansion,
+local embeddings and row addresses, and optimizers applied by address, in a
+TF1 graph (`tf.compat.v1.Session`).
+
+>>> import numpy as np
+>>> import tensorflow as tf
+>>> from tfde.compat import mxrec
+>>> with tf.Graph().as_default():
+...   mxrec.init(use_dynamic_expansion=True)
+...   optimizer = mxrec.lazy_adam.create_hash_optimizer_by_addr(learning_rate=0.01)
+...   table = mxrec.create_table(key_dtype=tf.int64, dim=4, name="user",
+...                              emb_initializer=tf.zeros_initializer(),
+...                              optimizer_list=[optimizer])
+...   ids = tf.constant([[2**40, -7], [3, 2**40]], tf.int64)
+...   emb = mxrec.sparse_lookup(table, ids, is_train=True)
+...   loss = tf.reduce_sum(tf.square(emb - 1.0))
+...   local = tf.compat.v1.get_collection(mxrec.ASCEND_SPARSE_LOOKUP_LOCAL_EMB)
+...   addresses = tf.compat.v1.get_collection(mxrec.ASCEND_SPARSE_LOOKUP_ID_OFFSET)
+...   grads = tf.gradients(loss, local)
+...   train = optimizer.apply_gradients(list(zip(grads, addresses)))
+...   with tf.compat.v1.Session() as sess:
+...     sess.run(tf.compat.v1.global_variables_initializer())
+...     first = sess.run([loss, train])[0]
+...     second = sess.run(loss)
+>>> emb.shape.as_list(), bool(second < first)
+([2, 2, 4], True)
+
+Semantics, following mxRec's documentation:
+- `init(use_dynamic_expansion=True)` makes tables grow with every new id
+  (tfde's dynamic tables); with False a table holds at most
+  `device_vocabulary_size` rows, evicting the least frequent (mxRec's fixed
+  device capacity).
+- `sparse_lookup` returns one row per id (shape ids.shape + [dim], no
+  combining) and, in training, puts the rows it looked up (the "local
+  embeddings", one per unique id) and their row addresses in the
+  collections `ASCEND_SPARSE_LOOKUP_LOCAL_EMB` and
+  `ASCEND_SPARSE_LOOKUP_ID_OFFSET`.
+- `tf.gradients(loss, local_embeddings)` then gives each row's gradient,
+  and the table's optimizer applies `[(grad, address)]`: one step per table
+  per call, however many lookups used it. An address that is not a row of
+  its table (stale, or made up) is an InvalidArgumentError; -1 (an id not
+  admitted) is skipped.
+- One replica per process; multi-replica mxRec runs are not supported yet
+  (use the Keras layer or `ShardedLookup`, which route by id mod N).
+"""
+
+import types
+
+import tensorflow as tf
+
+from tfde import comm as comm_lib
+from tfde import config as config_lib
+from tfde import ops
+from tfde import optimizers as optimizers_lib
+from tfde import tables as tables_lib
+
+ASCEND_SPARSE_LOOKUP_LOCAL_EMB = "ASCEND_SPARSE_LOOKUP_LOCAL_EMB"
+ASCEND_SPARSE_LOOKUP_ID_OFFSET = "ASCEND_SPARSE_LOOKUP_ID_OFFSET"
+
+_settings = {"initialized": False, "use_dynamic_expansion": False}
+# address tensor (ref) -> its HashTable, for apply_gradients.
+_ADDRESS_TABLES = {}
+
+
+def init(use_dynamic_expansion=False, **options):
+  """mxRec's `init`: records the dynamic-expansion switch. Other mxRec
+  options (train_steps, use_mpi, ...) are accepted and have no effect."""
+  _settings.update(initialized=True, use_dynamic_expansion=bool(use_dynamic_expansion),
+                   options=dict(options))
+
+
+def get_use_dynamic_expansion():
+  return _settings["use_dynamic_expansion"]
+
+
+class HashOptimizer:
+  """A table optimizer in mxRec's shape: made first, named in
+  `create_table(optimizer_list=...)`, applied to (gradient, address) pairs."""
+
+  def __init__(self, sparse_optimizer):
+    self.sparse_optimizer = sparse_optimizer
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    """Applies [(gradient of local embeddings, their addresses)]; pairs of
+    one table are summed per row and applied as one step."""
+    by_table = {}
+    for grad, address in grads_and_vars:
+      table = _ADDRESS_TABLES.get(address.ref()) if tf.is_tensor(address) else None
+      if table is None:
+        raise ValueError(f"{address!r} is not a row-address tensor from "
+                         "sparse_lookup (ASCEND_SPARSE_LOOKUP_ID_OFFSET)")
+      if table.optimizer is not self:
+        raise ValueError(f"table {table.name!r} was created with another "
+                         "optimizer in its optimizer_list")
+      if grad is None:
+        continue
+      by_table.setdefault(table.name, (table, []))[1].append((grad, address))
+    updates = []
+    with tf.name_scope(name or "hash_optimizer"):
+      for table, pairs in by_table.values():
+        addresses = tf.concat([a for _, a in pairs], 0)
+        grads = tf.concat([tf.convert_to_tensor(g) for g, _ in pairs], 0)
+        unique, inverse = tf.unique(addresses, out_idx=tf.int32)
+        summed = tf.math.unsorted_segment_sum(grads, inverse, tf.size(unique))
+        updates.append(table.table.apply_shard_update(
+            table.replica, unique, summed, optimizer=self.sparse_optimizer,
+            by_address=True))
+      if global_step is not None:
+        with tf.control_dependencies(updates):
+          updates.append(tf.compat.v1.assign_add(global_step, 1))
+    return tf.group(updates)
+
+
+def _optimizer_module(kind, **defaults):
+  def create(learning_rate=None, **hyper):
+    cls = {"sgd": optimizers_lib.SGD, "adagrad": optimizers_lib.Adagrad,
+           "adam": optimizers_lib.Adam, "ftrl": optimizers_lib.Ftrl}[kind]
+    renamed = {defaults.get(k, k): v for k, v in hyper.items()}
+    return HashOptimizer(cls(learning_rate=learning_rate, **renamed))
+  return types.SimpleNamespace(create_hash_optimizer=create,
+                               create_hash_optimizer_by_addr=create,
+                               create_hash_optimizer_by_address=create)
+
+
+# mxRec's optimizer modules, with its argument names mapped to Keras's.
+lazy_adam = _optimizer_module("adam", beta1="beta_1", beta2="beta_2")
+gradient_descent = _optimizer_module("sgd")
+adagrad = _optimizer_module("adagrad")
+ftrl = _optimizer_module("ftrl")
+
+
+class HashTable:
+  """What create_table returns: a tfde dynamic table and its optimizer."""
+
+  def __init__(self, table, optimizer):
+    self.table = table
+    self.optimizer = optimizer
+    self.replica = 0
+
+  @property
+  def name(self):
+    return self.table.name
+
+  @property
+  def dim(self):
+    return self.table.embedding_dim
+
+
+def create_table(key_dtype=tf.int64, dim=None, name=None, emb_initializer=None,
+                 device_vocabulary_size=None, optimizer_list=None, **options):
+  """mxRec's `create_table`: a hash table of `dim`-wide rows for any id.
+
+  Args:
+    key_dtype: tf.int64 or tf.int32.
+    dim: the embedding width.
+    name: the table's name.
+    emb_initializer: a TF or Keras initializer of a kind tfde draws per id
+      (zeros, constant, uniform, normal, truncated normal); default a
+      truncated normal of stddev 1/sqrt(dim).
+    device_vocabulary_size: without dynamic expansion, the rows a table
+      keeps (least frequent evicted beyond it).
+    optimizer_list: one HashOptimizer (mxRec takes a list).
+    **options: other mxRec options, accepted without effect.
+  """
+  del options
+  if not _settings["initialized"]:
+    raise RuntimeError("call tfde.compat.mxrec.init(...) before create_table")
+  if key_dtype not in (tf.int64, tf.int32):
+    raise ValueError(f"table {name!r}: key_dtype must be tf.int64 or tf.int32, "
+                     f"got {key_dtype!r}")
+  if not optimizer_list or len(optimizer_list) != 1 or not isinstance(
+      optimizer_list[0], HashOptimizer):
+    raise ValueError(f"table {name!r}: optimizer_list must hold one optimizer "
+                     "from tfde.compat.mxrec (e.g. lazy_adam.create_hash_optimizer)")
+  expansion = _settings["use_dynamic_expansion"]
+  if not expansion and not device_vocabulary_size:
+    raise ValueError(f"table {name!r}: without dynamic expansion, "
+                     "device_vocabulary_size bounds the table; give it")
+  initializer = emb_initializer
+  if initializer is not None and not hasattr(initializer, "get_config"):
+    raise ValueError(f"table {name!r}: emb_initializer must be an initializer")
+  if initializer is not None and not _is_keras_initializer(initializer):
+    initializer = _keras_equivalent(initializer, name)
+  optimizer = optimizer_list[0]
+  config = config_lib.TableConfig(
+      name=name, vocabulary_size=None, embedding_dim=dim, initializer=initializer,
+      optimizer=optimizer.sparse_optimizer, combiner="sum",
+      dynamic=config_lib.DynamicConfig(
+          max_rows_per_shard=None if expansion else int(device_vocabulary_size)))
+  comm = comm_lib.current()
+  if comm.num_replicas != 1:
+    raise NotImplementedError("tfde.compat.mxrec runs one replica per process "
+                              f"for now; this process has {comm.num_replicas}")
+  return HashTable(tables_lib.DynamicTable(config, comm), optimizer)
+
+
+def _is_keras_initializer(initializer):
+  import keras  # pylint: disable=g-import-not-at-top
+  return isinstance(initializer, keras.initializers.Initializer)
+
+
+def _keras_equivalent(initializer, table_name):
+  """The Keras initializer of a TF one (tf.zeros_initializer, ...)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  cfg = initializer.get_config()
+  kind = type(initializer).__name__
+  if kind in ("Zeros", "zeros_initializer"):
+    return keras.initializers.Zeros()
+  if kind in ("Ones", "ones_initializer"):
+    return keras.initializers.Ones()
+  if kind in ("Constant", "constant_initializer"):
+    return keras.initializers.Constant(float(cfg["value"]))
+  if kind in ("RandomUniform", "random_uniform_initializer"):
+    return keras.initializers.RandomUniform(cfg["minval"], cfg["maxval"])
+  if kind in ("RandomNormal", "random_normal_initializer"):
+    return keras.initializers.RandomNormal(cfg["mean"], cfg["stddev"])
+  if kind in ("TruncatedNormal", "truncated_normal_initializer"):
+    return keras.initializers.TruncatedNormal(cfg["mean"], cfg["stddev"])
+  raise ValueError(f"table {table_name!r}: initializer {kind} cannot be drawn per id")
+
+
+def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None,
+                  **options):
+  """One row per id: returns ids.shape + [dim]. In training, ids are
+  counted and admitted, and the looked-up rows and their addresses go to
+  the mxRec collections (see the module doc)."""
+  del send_count, options  # routing sizes are computed, not configured
+  if not isinstance(hashtable, HashTable):
+    raise ValueError(f"sparse_lookup needs a table from create_table, got "
+                     f"{type(hashtable).__name__}")
+  ids = tf.convert_to_tensor(ids)
+  if not ids.dtype.is_integer:
+    raise TypeError(f"table {hashtable.name}: ids must be integers, got "
+                    f"{ids.dtype.name}")
+  with tf.name_scope(name or f"sparse_lookup_{hashtable.name}"):
+    flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    unique, inverse, counts = ops.unique_with_counts(flat)
+    table = hashtable.table
+    local, addresses = table.lookup_shard_with_addresses(
+        hashtable.replica, unique, tf.cast(counts, tf.int64), training=is_train)
+    if is_train:
+      tf.compat.v1.add_to_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB, local)
+      tf.compat.v1.add_to_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET, addresses)
+      _ADDRESS_TABLES[addresses.ref()] = hashtable
+    rows = tf.gather(local, inverse)
+    return tf.reshape(rows, tf.concat([tf.shape(ids), [hashtable.dim]], 0))
