@@ -79,3 +79,85 @@ def test_sok_errors():
   with mirrored(2).scope():
     with pytest.raises(ValueError, match="one shard per process"):
       sok.Variable(np.zeros((4, 2), np.float32))
+
+
+# ---- DynamicVariable and SOK v1
+
+
+def test_dynamic_variable_trains_like_the_dict_oracle():
+  sok.init()
+  dv = sok.DynamicVariable(dimension=3, initializer=keras.initializers.RandomUniform(-0.5, 0.5))
+  optimizer = sok.OptimizerWrapper(keras.optimizers.Adam(learning_rate=0.05))
+  hp = dict(learning_rate=0.05, beta_1=0.9, beta_2=0.999, epsilon=1e-7)
+  table = sok._table_of(dv)  # pylint: disable=protected-access
+  oracle = oracles.DynamicTableOracle(3, "adam", hp, init=("uniform", -0.5, 0.5),
+                                      seed=table.config.seed)
+  rng = np.random.default_rng(3)
+  for step in range(5):
+    rows = [[int(x) for x in rng.choice([-2**40, 5, 9, 2**62, -1], 2)] for _ in range(4)]
+    target = rng.normal(size=(4, 3)).astype(np.float32)
+    with tf.GradientTape() as tape:
+      out = sok.lookup_sparse([dv], [_sparse(rows)], combiners=["mean"])[0]
+      loss = tf.reduce_sum(tf.square(out - target))
+    grads = tape.gradient(loss, [dv])
+    assert isinstance(grads[0], tf.IndexedSlices)
+    optimizer.apply_gradients(zip(grads, [dv]))
+    want = oracle.train_step([(rows, None, "mean", target, 1.0)])[0]
+    np.testing.assert_allclose(out.numpy(), want, rtol=2e-5, atol=2e-6, err_msg=f"step {step}")
+  exported = table.export_rows()
+  np.testing.assert_array_equal(exported["ids"], sorted(oracle.rows))
+  np.testing.assert_allclose(exported["table"], [oracle.rows[k]["w"] for k in sorted(oracle.rows)],
+                             rtol=2e-5, atol=2e-6)
+
+
+
+
+@pytest.mark.parametrize("use_hashtable", [False, True], ids=["static", "hashtable"])
+def test_v1_distributed_embedding_combines_each_slot(use_hashtable):
+  sok.Init(global_batch_size=3)
+  layer = sok.DistributedEmbedding("mean", max_vocabulary_size_per_gpu=50,
+                                   embedding_vec_size=4, slot_num=2, max_nnz=3,
+                                   use_hashtable=use_hashtable,
+                                   embedding_initializer=keras.initializers.RandomUniform(-1, 1))
+  # batch 3 x slot_num 2 = 6 rows of up to 3 ids.
+  rows = [[1, 2], [3], [], [4, 4, 5], [6], [7, 8, 9]]
+  out = layer(_sparse(rows, width=3))
+  assert out.shape == (3, 2, 4)
+  table = layer.table
+  if use_hashtable:
+    exported = table.export_rows()
+    values = dict(zip(exported["ids"].tolist(), exported["table"]))
+    full = np.array([values.get(i, np.zeros(4)) for i in range(10)])
+    assert sorted(values) == list(range(1, 10))  # every id seen got a row
+  else:
+    full = table.full_table()[:10]
+  want = oracles.combine(full, rows, None, "mean").reshape(3, 2, 4)
+  np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+  # The table's variables are the layer's weights, as in SOK.
+  embedding_vars, others = sok.split_embedding_variable_from_others(
+      layer.trainable_weights + [tf.Variable(1.0)])
+  assert embedding_vars == table.local_variables() and len(others) == 1
+
+
+def test_v1_training_loop_with_split_and_sok_adam():
+  sok.Init(global_batch_size=2)
+  layer = sok.All2AllDenseEmbedding(max_vocabulary_size_per_gpu=20, embedding_vec_size=2,
+                                    slot_num=2, nnz_per_slot=1, use_hashtable=False,
+                                    embedding_initializer=keras.initializers.Constant(0.5))
+  emb_opt = sok.optimizers.Adam(learning_rate=0.1)
+  ids = tf.constant([[[1], [2]], [[3], [1]]], tf.int64)
+  losses = []
+  for _ in range(10):
+    with tf.GradientTape() as tape:
+      out = layer(ids)
+      loss = tf.reduce_sum(tf.square(out - 2.0))
+    emb_vars, _ = sok.split_embedding_variable_from_others(layer.trainable_weights)
+    grads = tape.gradient(loss, emb_vars)
+    emb_opt.apply_gradients(zip(grads, emb_vars))
+    losses.append(float(loss))
+  assert out.shape == (2, 2, 1, 2)
+  assert losses[-1] < 0.2 * losses[0], losses
+  full = layer.table.full_table()
+  np.testing.assert_array_equal(full[[0, 4, 5]], 0.5)  # untouched rows
+  dynamic = sok.All2AllDenseEmbedding(20, 2, slot_num=1, nnz_per_slot=1, dynamic_input=True)
+  assert dynamic(tf.constant([2**50, -9], tf.int64)).shape == (2, 2)

@@ -280,9 +280,6 @@ class ShardedLookup(tf.Module):
       cfg = feature.table
       existing = self.tables.get(cfg.name)
       if existing is None and cfg.is_dynamic:
-        if not train_in_backward:
-          raise ValueError(f"table {cfg.name!r} is dynamic: it trains inside "
-                           "the backward pass only (train_in_backward=True)")
         _replicate(cfg, auto_replicate_bytes)  # validates the placement
         self.tables[cfg.name] = tables_lib.DynamicTable(cfg, self.comm)
       elif existing is None:
@@ -466,6 +463,9 @@ class ShardedLookup(tf.Module):
         requested, requested_counts = received[:, 0], received[:, 1]
         answer_index = tf.gather(positions, inverse)
       # 2. Local compute: find (or, training, admit and create) the rows.
+      if not self.train_in_backward:
+        # Gradients go to the shard's stand-in variable (SOK style).
+        tape_lib.variable_accessed(table.gradient_variables[replica])
       rows = table.lookup_shard(replica, requested, requested_counts, training)
       # 3. Output distribution.
       answered = rows if plan is None else comm.all_to_all(rows, plan.reversed())
@@ -484,9 +484,16 @@ class ShardedLookup(tf.Module):
           owned, owned_inverse, _ = ops.unique_with_counts(requested)
           summed = tf.math.unsorted_segment_sum(owner_grad, owned_inverse,
                                                 tf.size(owned))
+        variables = variables or []
+        if not self.train_in_backward:
+          stand_in = table.gradient_variables[replica]
+          slices = tf.IndexedSlices(
+              summed, owned, tf.constant([2**62, table.embedding_dim], tf.int64))
+          return (tf.zeros_like(trigger_value),
+                  [slices if v is stand_in else None for v in variables])
         step = table.apply_shard_update(replica, owned, summed)
         trigger_grad = tf.zeros_like(trigger_value) * tf.cast(step, trigger_value.dtype)
-        return trigger_grad, [None] * len(variables or [])
+        return trigger_grad, [None] * len(variables)
 
       return outputs, grad_fn
 

@@ -12,6 +12,8 @@ full table is the same whatever the number of shards; optimizer slots are
 sharded like the table, and each shard counts its optimizer steps.
 """
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
@@ -389,6 +391,7 @@ class DynamicTable(tf.Module):
     self.spec = dynamic_spec(config)
     self.stores = {}
     self.steps = {}
+    self.gradient_variables = {}
     for replica in self.comm.local_replicas():
       device = self.comm.replica_device(replica)
       suffix = f"shard_{replica}_of_{self.num_shards}"
@@ -396,6 +399,13 @@ class DynamicTable(tf.Module):
           self.spec, f"{config.name}_{suffix}", device)
       self.steps[replica] = comm_lib._local_variable(  # pylint: disable=protected-access
           tf.constant(0, tf.int64), f"{config.name}/{suffix}/step", device=device)
+      # A [0, D] stand-in that gradients are taken with respect to when a
+      # dynamic table is trained explicitly (SOK's DynamicVariable): its
+      # gradient is tf.IndexedSlices whose indices are ids, not rows.
+      self.gradient_variables[replica] = comm_lib._local_variable(  # pylint: disable=protected-access
+          tf.zeros([0, config.embedding_dim]), f"{config.name}/{suffix}/rows",
+          trainable=True, device=device)
+      optimizers_lib.register_shard(self.gradient_variables[replica], self, replica)
 
   @property
   def name(self):
@@ -406,7 +416,32 @@ class DynamicTable(tf.Module):
     return self.config.embedding_dim
 
   def local_variables(self):
-    return []
+    """The shards' gradient stand-ins (see gradient_variables)."""
+    return [self.gradient_variables[r] for r in sorted(self.gradient_variables)]
+
+  def use_optimizer(self, optimizer):
+    """Trains with `optimizer` from now on; another kind (other slots) only
+    before the first update: rows looked up so far keep their embeddings
+    and get the new optimizer's initial slots (SOK picks the optimizer at
+    first use)."""
+    if optimizer.kind == self.optimizer.kind:
+      self.optimizer = optimizer
+      return
+    if any(int(step.numpy()) for step in self.steps.values()):
+      raise ValueError(f"table {self.name!r} has been trained with "
+                       f"{self.optimizer.kind!r}; it cannot switch to "
+                       f"{optimizer.kind!r}")
+    rows = self._gathered()
+    self.optimizer = optimizer
+    self.config = dataclasses.replace(self.config, optimizer=optimizer)
+    self.spec = dynamic_spec(self.config)
+    for replica in list(self.stores):
+      self.stores[replica] = ops.dynamic_store(
+          self.spec, f"{self.name}_shard_{replica}_of_{self.num_shards}",
+          self.comm.replica_device(replica))
+    self.assign_rows(rows["ids"], rows["values"][:, 0], rows["counts"],
+                     rows["last_seen"], rows["pending_ids"], rows["pending_counts"],
+                     rows["pending_last_seen"])
 
   def lookup_shard(self, replica, ids, counts, training):
     """Rows of `ids` (routed to this replica) from its shard. In training
