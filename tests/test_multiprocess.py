@@ -19,8 +19,10 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfde
+from tests import dynamic_harness
 from tests import sharded_harness as h
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,6 +30,7 @@ HVD_VENV = os.environ.get("TFDE_HOROVOD_VENV", os.path.join(REPO, ".venv-hvd"))
 TIMEOUT_S = 240
 NUM_WORKERS = 2
 STEPS = 10
+DYNAMIC_STEPS = 6
 
 
 def _free_ports(count):
@@ -66,7 +69,7 @@ def _isolated_tests_package(tmp_path):
   package = tmp_path / "pkg" / "tests"
   package.mkdir(parents=True)
   for name in ("__init__.py", "oracles.py", "sharded_harness.py",
-               "multiprocess_worker.py"):
+               "multiprocess_worker.py", "dynamic_harness.py", "dynamic_worker.py"):
     shutil.copy(os.path.join(REPO, "tests", name), package / name)
   return str(tmp_path / "pkg")
 
@@ -256,3 +259,76 @@ def test_killed_multi_worker_run_resumes_to_the_uninterrupted_result(tmp_path):
   for n in h.TABLES:
     np.testing.assert_array_equal(single.tables[n].full_table(), final[n])
     assert int(single.tables[n].steps[0].numpy()) == 6
+
+
+# ---- dynamic tables across processes
+
+
+def _dynamic_batches(out_dir):
+  batches = [dynamic_harness.make_batch(s) for s in range(DYNAMIC_STEPS)]
+  path = os.path.join(out_dir, "dynamic_batches.pkl")
+  with open(path, "wb") as f:
+    pickle.dump(batches, f)
+  return path, batches
+
+
+def _check_dynamic(out_dir, optimizer, batches):
+  """Each worker's outputs and the gathered table against the dict oracle."""
+  results = [np.load(os.path.join(out_dir, f"dynamic_{r}.npz"))
+             for r in range(NUM_WORKERS)]
+  oracle = dynamic_harness.oracle_for(optimizer, admit_after=2, evict_after_steps=4)
+  for index, batch in enumerate(batches):
+    want = dynamic_harness.oracle_step(oracle, batch)
+    for f in ("clicks", "pair"):
+      got = np.concatenate([r[f"output/{index}/{f}"] for r in results])
+      np.testing.assert_allclose(got, want[f], rtol=2e-5, atol=2e-6,
+                                 err_msg=f"step {index} feature {f}")
+  ids = sorted(oracle.rows)
+  for r in results:  # every worker gathered the same whole table
+    np.testing.assert_array_equal(r["table/ids"], ids)
+    np.testing.assert_array_equal(r["table/counts"], [oracle.rows[k]["count"] for k in ids])
+    np.testing.assert_allclose(r["table/table"], [oracle.rows[k]["w"] for k in ids],
+                               rtol=2e-5, atol=2e-6)
+  assert oracle.pending and len(ids) > 5
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_dynamic_table_under_multi_worker_mirrored(tmp_path):
+  batches_path, batches = _dynamic_batches(str(tmp_path))
+  checkpoint = str(tmp_path / "ckpt")
+  commands, envs = _worker_group(["-m", "tests.dynamic_worker", "--mode", "mwms",
+                                  "--optimizer", "adam", "--batches", batches_path,
+                                  "--out", str(tmp_path), "--checkpoint", checkpoint])
+  procs, outputs = _run_group(commands, envs, cwd=REPO)
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0, out[-3000:]
+  _check_dynamic(str(tmp_path), "adam", batches)
+  # The 2-worker checkpoint restores into this single process unchanged.
+  saved = np.load(os.path.join(tmp_path, "dynamic_0.npz"))
+  lookup = tfde.lookup.ShardedLookup(dynamic_harness.feature_configs(
+      dynamic_harness.table_config("adam", admit_after=2, evict_after_steps=4)))
+  tf.train.Checkpoint(lookup=lookup).read(checkpoint).assert_consumed()
+  for key, value in lookup.tables["users"].export_rows().items():
+    np.testing.assert_array_equal(value, saved[f"table/{key}"], err_msg=key)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_dynamic_table_under_horovod(tmp_path):
+  ready, why = _horovod_env_ready()
+  if not ready:
+    if os.environ.get("TFDE_REQUIRE_HOROVOD") == "1":
+      pytest.fail(f"Horovod environment missing: {why}")
+    pytest.skip(f"Horovod environment missing (make hvd-env): {why}")
+  pkg = _isolated_tests_package(tmp_path)
+  batches_path, batches = _dynamic_batches(str(tmp_path))
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=pkg,
+             PATH=os.path.join(HVD_VENV, "bin") + os.pathsep + os.environ["PATH"])
+  env.pop("TFDE_OPS", None)
+  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(NUM_WORKERS),
+             "--gloo", "-H", f"localhost:{NUM_WORKERS}",
+             os.path.join(HVD_VENV, "bin", "python"), "-m", "tests.dynamic_worker",
+             "--mode", "horovod", "--optimizer", "ftrl", "--batches", batches_path,
+             "--out", str(tmp_path)]
+  procs, outputs = _run_group([command], [env], cwd=str(tmp_path))
+  assert procs[0].returncode == 0, outputs[0][-3000:]
+  _check_dynamic(str(tmp_path), "ftrl", batches)
