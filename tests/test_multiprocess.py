@@ -23,6 +23,7 @@ import tensorflow as tf
 
 import tfde
 from tests import dynamic_harness
+from tests import oracles
 from tests import sharded_harness as h
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +70,8 @@ def _isolated_tests_package(tmp_path):
   package = tmp_path / "pkg" / "tests"
   package.mkdir(parents=True)
   for name in ("__init__.py", "oracles.py", "sharded_harness.py",
-               "multiprocess_worker.py", "dynamic_harness.py", "dynamic_worker.py"):
+               "multiprocess_worker.py", "dynamic_harness.py", "dynamic_worker.py",
+               "sok_worker.py"):
     shutil.copy(os.path.join(REPO, "tests", name), package / name)
   return str(tmp_path / "pkg")
 
@@ -332,3 +334,67 @@ def test_dynamic_table_under_horovod(tmp_path):
   procs, outputs = _run_group([command], [env], cwd=str(tmp_path))
   assert procs[0].returncode == 0, outputs[0][-3000:]
   _check_dynamic(str(tmp_path), "ftrl", batches)
+
+
+# ---- the SOK door across Horovod ranks
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_sok_door_under_horovod(tmp_path):
+  """sok.Variable and sok.DynamicVariable sharded over 2 Horovod ranks,
+  trained with a wrapped Keras Adam, equal one unsharded numpy model."""
+  ready, why = _horovod_env_ready()
+  if not ready:
+    if os.environ.get("TFDE_REQUIRE_HOROVOD") == "1":
+      pytest.fail(f"Horovod environment missing: {why}")
+    pytest.skip(f"Horovod environment missing (make hvd-env): {why}")
+  rng = np.random.default_rng(4)
+  batch, vocab, dim, lr = 8, 30, 3, 0.05
+  keys = [-2**40, 5, 9, 2**62, -1, 123456789]
+  steps = []
+  for _ in range(4):
+    steps.append(dict(
+        static=[[int(x) for x in rng.integers(0, vocab, rng.integers(0, 4))]
+                for _ in range(batch)],
+        dynamic=[[int(x) for x in rng.choice(keys, rng.integers(1, 3))]
+                 for _ in range(batch)],
+        targets=[rng.normal(size=(batch, dim)).astype(np.float32) for _ in range(2)]))
+  initial = rng.normal(size=(vocab, dim)).astype(np.float32)
+  data = dict(global_batch=batch, dim=dim, lr=lr, initial=initial, steps=steps)
+  path = os.path.join(tmp_path, "sok.pkl")
+  with open(path, "wb") as f:
+    pickle.dump(data, f)
+  pkg = _isolated_tests_package(tmp_path)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=pkg,
+             PATH=os.path.join(HVD_VENV, "bin") + os.pathsep + os.environ["PATH"])
+  env.pop("TFDE_OPS", None)
+  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(NUM_WORKERS),
+             "--gloo", "-H", f"localhost:{NUM_WORKERS}",
+             os.path.join(HVD_VENV, "bin", "python"), "-m", "tests.sok_worker",
+             "--data", path, "--out", str(tmp_path)]
+  procs, outputs = _run_group([command], [env], cwd=str(tmp_path))
+  assert procs[0].returncode == 0, outputs[0][-3000:]
+  results = [np.load(os.path.join(tmp_path, f"sok_{r}.npz")) for r in range(NUM_WORKERS)]
+
+  hp = dict(learning_rate=lr, beta_1=0.9, beta_2=0.999, epsilon=1e-7)
+  table = initial.astype(np.float64)
+  static_opt = oracles.NumpyOptimizer("adam", table.shape, **hp)
+  dynamic = oracles.DynamicTableOracle(dim, "adam", hp, init=("uniform", -0.5, 0.5))
+  for index, step in enumerate(steps):
+    out = oracles.combine(table, step["static"], None, "sum")
+    got = np.concatenate([r[f"output/{index}/static"] for r in results])
+    np.testing.assert_allclose(got, out, rtol=2e-5, atol=2e-6, err_msg=f"step {index}")
+    grad = oracles.combine_grad_dense(vocab, 2.0 * (out - step["targets"][0]) / batch,
+                                      step["static"], None, "sum")
+    rows = sorted({i for row in step["static"] for i in row})
+    static_opt.apply(table, rows, grad[rows])
+    want = dynamic.train_step([(step["dynamic"], None, "mean", step["targets"][1],
+                                1.0 / batch)])[0]
+    got = np.concatenate([r[f"output/{index}/dynamic"] for r in results])
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6, err_msg=f"step {index}")
+  for r in results:
+    np.testing.assert_allclose(r["static_table"], table, rtol=2e-5, atol=2e-6)
+    np.testing.assert_array_equal(r["dynamic/ids"], sorted(dynamic.rows))
+    np.testing.assert_allclose(r["dynamic/table"],
+                               [dynamic.rows[k]["w"] for k in sorted(dynamic.rows)],
+                               rtol=2e-5, atol=2e-6)
