@@ -40,8 +40,10 @@ Semantics, following mxRec's documentation:
   per call, however many lookups used it. An address that is not a row of
   its table (stale, or made up) is an InvalidArgumentError; -1 (an id not
   admitted) is skipped.
-- One replica per process; multi-replica mxRec runs are not supported yet
-  (use the Keras layer or `ShardedLookup`, which route by id mod N).
+- One replica per process, as mxRec: a single process, or Horovod ranks
+  (`horovodrun`), where ids travel to their owner (id mod N) and the local
+  embeddings are the rows a rank owns and serves to every rank; their
+  gradients come back through the reverse exchange.
 """
 
 import types
@@ -188,10 +190,12 @@ def create_table(key_dtype=tf.int64, dim=None, name=None, emb_initializer=None,
       dynamic=config_lib.DynamicConfig(
           max_rows_per_shard=None if expansion else int(device_vocabulary_size)))
   comm = comm_lib.current()
-  if comm.num_replicas != 1:
-    raise NotImplementedError("tfde.compat.mxrec runs one replica per process "
-                              f"for now; this process has {comm.num_replicas}")
-  return HashTable(tables_lib.DynamicTable(config, comm), optimizer)
+  if len(comm.local_replicas()) != 1:
+    raise ValueError("tfde.compat.mxrec runs one replica per process (Horovod, "
+                     f"as mxRec); this process has {len(comm.local_replicas())}")
+  table = HashTable(tables_lib.DynamicTable(config, comm), optimizer)
+  table.replica = comm.local_replicas()[0]
+  return table
 
 
 def _is_keras_initializer(initializer):
@@ -235,12 +239,28 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None,
   with tf.name_scope(name or f"sparse_lookup_{hashtable.name}"):
     flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
     unique, inverse, counts = ops.unique_with_counts(flat)
+    counts = tf.cast(counts, tf.int64)
     table = hashtable.table
+    comm = table.comm
+    if comm.num_replicas == 1:
+      requested, requested_counts, answer_index, plan = unique, counts, inverse, None
+    else:
+      # Each id (and its sightings) to its owner, by id mod N.
+      owner_ids, send_counts, positions = ops.partition_by_shard(
+          unique, comm.num_replicas, dynamic=True)
+      grouped_counts = tf.scatter_nd(positions[:, None], counts, tf.shape(counts))
+      plan = comm.plan(send_counts)
+      received = comm.all_to_all(tf.stack([owner_ids, grouped_counts], 1), plan)
+      requested, requested_counts = received[:, 0], received[:, 1]
+      answer_index = tf.gather(positions, inverse)
+    # The local embeddings are the rows this replica owns and serves; their
+    # gradients come back through the reverse exchange.
     local, addresses = table.lookup_shard_with_addresses(
-        hashtable.replica, unique, tf.cast(counts, tf.int64), training=is_train)
+        hashtable.replica, requested, requested_counts, training=is_train)
+    answered = local if plan is None else comm.all_to_all(local, plan.reversed())
     if is_train:
       tf.compat.v1.add_to_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB, local)
       tf.compat.v1.add_to_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET, addresses)
       _ADDRESS_TABLES[addresses.ref()] = hashtable
-    rows = tf.gather(local, inverse)
+    rows = tf.gather(answered, answer_index)
     return tf.reshape(rows, tf.concat([tf.shape(ids), [hashtable.dim]], 0))

@@ -419,6 +419,16 @@ def _local_variable(initial_value, shape, name, device):
         initial_value, shape=tf.TensorShape(shape), name=name, trainable=False)
 
 
+def _ops_of(updates):
+  """The ops of variable and table updates. A graph-mode assign returns a
+  lazy read whose graph element is a read, not the assign: depending on it
+  does not order later reads after the write."""
+  if tf.executing_eagerly():
+    return []  # eager ops run in program order
+  return [u if isinstance(u, tf.Operation) else u.op for u in updates
+          if u is not None]
+
+
 class DynamicStoreTwin:
   """A dynamic table shard of stock TF: `tf.lookup` hash tables from id to
   row and from id to pending sightings, and variables of rows kept compact
@@ -493,12 +503,15 @@ class DynamicStoreTwin:
     admit = seen >= self.spec.admit_after
     admitted, admitted_seen = tf.boolean_mask(new_ids, admit), tf.boolean_mask(seen, admit)
     waiting, waiting_seen = tf.boolean_mask(new_ids, ~admit), tf.boolean_mask(seen, ~admit)
-    with tf.control_dependencies(updates):
-      base = tf.shape(self._keys, out_type=tf.int64)[0]
+    with tf.control_dependencies(_ops_of(updates)):
+      # One read of the ids: the new rows' numbers and the grown id list
+      # must agree (a TF1 graph could run a second read after the write).
+      keys = tf.convert_to_tensor(self._keys)
+      base = tf.shape(keys, out_type=tf.int64)[0]
       k = tf.size(admitted, out_type=tf.int64)
       updates += [
           self._values.assign(tf.concat([self._values, self._new_rows(admitted)], 0)),
-          self._keys.assign(tf.concat([self._keys, admitted], 0)),
+          self._keys.assign(tf.concat([keys, admitted], 0)),
           self._counts.assign(tf.concat([self._counts, admitted_seen], 0)),
           self._last.assign(tf.concat([self._last, tf.fill([k], step)], 0)),
           self._index.insert(admitted, base + tf.range(k, dtype=tf.int64)),
@@ -507,7 +520,7 @@ class DynamicStoreTwin:
           self._pending_count.insert(waiting, waiting_seen),
           self._pending_last.insert(waiting, tf.fill(tf.shape(waiting), step)),
       ]
-    with tf.control_dependencies(updates):
+    with tf.control_dependencies(_ops_of(updates)):
       return self._embeddings_of(ids), _find(self._index, ids)
 
   def addresses(self, ids):
@@ -553,7 +566,7 @@ class DynamicStoreTwin:
       new = ROW_UPDATES[kind]([current[:, s] for s in range(self.spec.num_slots)],
                               tf.boolean_mask(grad, present), *scalars)
       update = self._values.scatter_nd_update(rows[:, None], tf.stack(new, axis=1))
-    with tf.control_dependencies([update]):
+    with tf.control_dependencies(_ops_of([update])):
       return tf.size(rows, out_type=tf.int64)
 
   def export(self):
@@ -583,7 +596,7 @@ class DynamicStoreTwin:
       clear = [self._index.remove(self._index.export()[0]),
                self._pending_count.remove(self._pending_count.export()[0]),
                self._pending_last.remove(self._pending_last.export()[0])]
-    with tf.control_dependencies(clear):
+    with tf.control_dependencies(_ops_of(clear)):
       return tf.group(
           self._values.assign(values), self._keys.assign(ids),
           self._counts.assign(tf.cast(counts, tf.int64)),
@@ -595,36 +608,39 @@ class DynamicStoreTwin:
   def evict(self, step, max_unseen_steps, max_rows):
     """The kernel's eviction rules; returns the evicted ids, sorted."""
     step = tf.cast(step, tf.int64)
-    n = tf.shape(self._keys)[0]
+    # Each variable read once, before any write (see lookup_with_addresses).
+    keys, last = tf.convert_to_tensor(self._keys), tf.convert_to_tensor(self._last)
+    counts, values = tf.convert_to_tensor(self._counts), tf.convert_to_tensor(self._values)
+    n = tf.shape(keys)[0]
     evict = tf.zeros([n], tf.bool)
     if max_unseen_steps > 0:
-      evict = step - self._last >= max_unseen_steps
+      evict = step - last >= max_unseen_steps
     if max_rows > 0:
       kept = tf.cast(tf.reshape(tf.where(~evict), [-1]), tf.int32)
       # Coldest first: fewest sightings, then least recent, then smallest id.
-      order = tf.gather(kept, tf.argsort(tf.gather(self._keys, kept), stable=True))
-      order = tf.gather(order, tf.argsort(tf.gather(self._last, order), stable=True))
-      order = tf.gather(order, tf.argsort(tf.gather(self._counts, order), stable=True))
+      order = tf.gather(kept, tf.argsort(tf.gather(keys, kept), stable=True))
+      order = tf.gather(order, tf.argsort(tf.gather(last, order), stable=True))
+      order = tf.gather(order, tf.argsort(tf.gather(counts, order), stable=True))
       excess = tf.maximum(tf.size(kept) - max_rows, 0)
       victims = order[:excess]
       evict = evict | tf.scatter_nd(victims[:, None], tf.ones_like(victims, tf.bool), [n])
     keep = tf.reshape(tf.where(~evict), [-1])
-    evicted = tf.sort(tf.boolean_mask(self._keys, evict))
-    kept_keys = tf.gather(self._keys, keep)
-    updates = [self._index.remove(evicted),
-               self._index.insert(kept_keys, tf.range(tf.size(keep, out_type=tf.int64)))]
-    with tf.control_dependencies(updates):
-      updates += [self._values.assign(tf.gather(self._values, keep)),
-                  self._counts.assign(tf.gather(self._counts, keep)),
-                  self._last.assign(tf.gather(self._last, keep))]
-      with tf.control_dependencies(updates):
-        updates.append(self._keys.assign(kept_keys))
+    evicted = tf.sort(tf.boolean_mask(keys, evict))
+    kept_keys = tf.gather(keys, keep)
+    updates = [self._index.remove(evicted)]
+    with tf.control_dependencies(_ops_of(updates)):
+      updates += [
+          self._index.insert(kept_keys, tf.range(tf.size(keep, out_type=tf.int64))),
+          self._values.assign(tf.gather(values, keep)),
+          self._counts.assign(tf.gather(counts, keep)),
+          self._last.assign(tf.gather(last, keep)),
+          self._keys.assign(kept_keys)]
     if max_unseen_steps > 0:
-      pending_ids, _ = self._pending_count.export()
+      pending_ids = tf.reshape(self._pending_count.export()[0], [-1])
       stale = tf.boolean_mask(
           pending_ids, step - _find(self._pending_last, pending_ids) >= max_unseen_steps)
       updates += [self._pending_count.remove(stale), self._pending_last.remove(stale)]
-    with tf.control_dependencies(updates):
+    with tf.control_dependencies(_ops_of(updates)):
       return tf.identity(evicted)
 
   def stats(self):
