@@ -71,7 +71,7 @@ def _isolated_tests_package(tmp_path):
   package.mkdir(parents=True)
   for name in ("__init__.py", "oracles.py", "sharded_harness.py",
                "multiprocess_worker.py", "dynamic_harness.py", "dynamic_worker.py",
-               "sok_worker.py"):
+               "sok_worker.py", "mxrec_worker.py"):
     shutil.copy(os.path.join(REPO, "tests", name), package / name)
   return str(tmp_path / "pkg")
 
@@ -397,4 +397,49 @@ def test_sok_door_under_horovod(tmp_path):
     np.testing.assert_array_equal(r["dynamic/ids"], sorted(dynamic.rows))
     np.testing.assert_allclose(r["dynamic/table"],
                                [dynamic.rows[k]["w"] for k in sorted(dynamic.rows)],
+                               rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_mxrec_flow_under_horovod(tmp_path):
+  """mxRec's TF1 flow over 2 Horovod ranks: ids routed to their owner,
+  local-embedding gradients returned through the exchange, applied by
+  address; equals the dict oracle over the global batch."""
+  ready, why = _horovod_env_ready()
+  if not ready:
+    if os.environ.get("TFDE_REQUIRE_HOROVOD") == "1":
+      pytest.fail(f"Horovod environment missing: {why}")
+    pytest.skip(f"Horovod environment missing (make hvd-env): {why}")
+  rng = np.random.default_rng(9)
+  batch, slots, dim, lr = 6, 2, 3, 0.05
+  pool = np.array([7, -3, 2**62 + 1, 40, -2**50, 11, 8], np.int64)
+  steps = [dict(ids=pool[np.minimum(rng.zipf(1.5, (batch, slots)) - 1, len(pool) - 1)],
+                target=rng.normal(size=(batch, slots, dim)).astype(np.float32))
+           for _ in range(5)]
+  path = os.path.join(tmp_path, "mxrec.pkl")
+  with open(path, "wb") as f:
+    pickle.dump(dict(batch=batch, slots=slots, dim=dim, lr=lr, steps=steps), f)
+  pkg = _isolated_tests_package(tmp_path)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=pkg,
+             PATH=os.path.join(HVD_VENV, "bin") + os.pathsep + os.environ["PATH"])
+  env.pop("TFDE_OPS", None)
+  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(NUM_WORKERS),
+             "--gloo", "-H", f"localhost:{NUM_WORKERS}",
+             os.path.join(HVD_VENV, "bin", "python"), "-m", "tests.mxrec_worker",
+             "--data", path, "--out", str(tmp_path)]
+  procs, outputs = _run_group([command], [env], cwd=str(tmp_path))
+  assert procs[0].returncode == 0, outputs[0][-3000:]
+  results = [np.load(os.path.join(tmp_path, f"mxrec_{r}.npz")) for r in range(NUM_WORKERS)]
+  oracle = oracles.DynamicTableOracle(
+      dim, "adam", dict(learning_rate=lr, beta_1=0.8, beta_2=0.95, epsilon=1e-7),
+      init=("uniform", -0.5, 0.5))
+  for index, step in enumerate(steps):
+    want = oracle.train_step([([[int(k)] for k in step["ids"].ravel()], None, "sum",
+                               step["target"].reshape(-1, dim), 1.0)])[0]
+    got = np.concatenate([r[f"output/{index}"] for r in results]).reshape(-1, dim)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6, err_msg=f"step {index}")
+  ids = sorted(oracle.rows)
+  for r in results:
+    np.testing.assert_array_equal(r["table/ids"], ids)
+    np.testing.assert_allclose(r["table/table"], [oracle.rows[k]["w"] for k in ids],
                                rtol=2e-5, atol=2e-6)
