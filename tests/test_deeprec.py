@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import tfde
+import tfde.ops
 from tests.test_sharded import mirrored
 
 SHAPES = [(40, 4), (25, 4), (30, 3)]
@@ -67,14 +68,27 @@ def test_ragged_inputs_newer_argument_order_and_dense_lookup():
                              tf.nn.embedding_lookup(table, [[1, 2], [3, 4]]).numpy())
 
 
-def test_tfde_tables_are_sharded_and_train_in_backward():
-  strategy = mirrored(2)
-  config = tfde.TableConfig(name="items", vocabulary_size=40, embedding_dim=4,
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("n", [1, 2, 4], ids=lambda n: f"N{n}")
+def test_tfde_tables_are_sharded_and_train_in_backward(n, dynamic):
+  strategy = mirrored(n)
+  config = tfde.TableConfig(name="items", vocabulary_size=None if dynamic else 40,
+                            embedding_dim=4, initializer="uniform",
                             optimizer=tfde.optimizers.SGD(learning_rate=0.5),
                             combiner="sum")
   with strategy.scope():
-    table = tfde.tables.ShardedTable(config)
-  full = table.full_table()
+    table = (tfde.tables.DynamicTable(config) if dynamic
+             else tfde.tables.ShardedTable(config))
+
+  def whole():
+    if not dynamic:
+      return table.full_table()
+    rows = table.export_rows()
+    full = tfde.ops.dynamic_initial_values(table.spec, tf.range(40, dtype=tf.int64)).numpy()
+    full[rows["ids"]] = rows["table"]
+    return full
+
+  full = whole()
   ids = [tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([3, 8, 3], tf.int64), [2, 2]),
          tf.SparseTensor([[0, 0], [1, 0]], tf.constant([5, 8], tf.int64), [2, 2])]
 
@@ -94,13 +108,15 @@ def test_tfde_tables_are_sharded_and_train_in_backward():
   want = tf.nn.embedding_lookup_sparse(full, ids[0], None, combiner="sum").numpy()
   for out in outputs:  # both replicas looked up the same batch
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
-  after = table.full_table()
+  after = whole()
   # Each replica's loss touches rows 3 (twice) and 8: SGD with lr 0.5 on the
-  # gradient summed over the 2 replicas.
+  # gradient summed over the n replicas.
   expected = full.copy()
-  expected[3] -= 0.5 * 2 * 2
-  expected[8] -= 0.5 * 1 * 2
-  np.testing.assert_allclose(after, expected, rtol=1e-6)
+  expected[3] -= 0.5 * 2 * n
+  expected[8] -= 0.5 * 1 * n
+  np.testing.assert_allclose(after, expected, rtol=1e-6, atol=1e-6)
+  if dynamic:
+    np.testing.assert_array_equal(table.export_rows()["ids"], [3, 8])
 
 
 @pytest.mark.parametrize("call,error,pattern", [
