@@ -340,7 +340,8 @@ def test_dynamic_table_under_horovod(tmp_path):
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-def test_sok_door_under_horovod(tmp_path):
+@pytest.mark.parametrize("ranks", [2, 4], ids=lambda n: f"np{n}")
+def test_sok_door_under_horovod(tmp_path, ranks):
   """sok.Variable and sok.DynamicVariable sharded over 2 Horovod ranks,
   trained with a wrapped Keras Adam, equal one unsharded numpy model."""
   ready, why = _horovod_env_ready()
@@ -368,13 +369,13 @@ def test_sok_door_under_horovod(tmp_path):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=pkg,
              PATH=os.path.join(HVD_VENV, "bin") + os.pathsep + os.environ["PATH"])
   env.pop("TFDE_OPS", None)
-  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(NUM_WORKERS),
-             "--gloo", "-H", f"localhost:{NUM_WORKERS}",
+  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(ranks),
+             "--gloo", "-H", f"localhost:{ranks}",
              os.path.join(HVD_VENV, "bin", "python"), "-m", "tests.sok_worker",
              "--data", path, "--out", str(tmp_path)]
   procs, outputs = _run_group([command], [env], cwd=str(tmp_path))
   assert procs[0].returncode == 0, outputs[0][-3000:]
-  results = [np.load(os.path.join(tmp_path, f"sok_{r}.npz")) for r in range(NUM_WORKERS)]
+  results = [np.load(os.path.join(tmp_path, f"sok_{r}.npz")) for r in range(ranks)]
 
   hp = dict(learning_rate=lr, beta_1=0.9, beta_2=0.999, epsilon=1e-7)
   table = initial.astype(np.float64)
@@ -401,7 +402,8 @@ def test_sok_door_under_horovod(tmp_path):
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-def test_mxrec_flow_under_horovod(tmp_path):
+@pytest.mark.parametrize("ranks", [2, 4], ids=lambda n: f"np{n}")
+def test_mxrec_flow_under_horovod(tmp_path, ranks):
   """mxRec's TF1 flow over 2 Horovod ranks: ids routed to their owner,
   local-embedding gradients returned through the exchange, applied by
   address; equals the dict oracle over the global batch."""
@@ -411,7 +413,7 @@ def test_mxrec_flow_under_horovod(tmp_path):
       pytest.fail(f"Horovod environment missing: {why}")
     pytest.skip(f"Horovod environment missing (make hvd-env): {why}")
   rng = np.random.default_rng(9)
-  batch, slots, dim, lr = 6, 2, 3, 0.05
+  batch, slots, dim, lr = 8, 2, 3, 0.05
   pool = np.array([7, -3, 2**62 + 1, 40, -2**50, 11, 8], np.int64)
   steps = [dict(ids=pool[np.minimum(rng.zipf(1.5, (batch, slots)) - 1, len(pool) - 1)],
                 target=rng.normal(size=(batch, slots, dim)).astype(np.float32))
@@ -423,13 +425,13 @@ def test_mxrec_flow_under_horovod(tmp_path):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=pkg,
              PATH=os.path.join(HVD_VENV, "bin") + os.pathsep + os.environ["PATH"])
   env.pop("TFDE_OPS", None)
-  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(NUM_WORKERS),
-             "--gloo", "-H", f"localhost:{NUM_WORKERS}",
+  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(ranks),
+             "--gloo", "-H", f"localhost:{ranks}",
              os.path.join(HVD_VENV, "bin", "python"), "-m", "tests.mxrec_worker",
              "--data", path, "--out", str(tmp_path)]
   procs, outputs = _run_group([command], [env], cwd=str(tmp_path))
   assert procs[0].returncode == 0, outputs[0][-3000:]
-  results = [np.load(os.path.join(tmp_path, f"mxrec_{r}.npz")) for r in range(NUM_WORKERS)]
+  results = [np.load(os.path.join(tmp_path, f"mxrec_{r}.npz")) for r in range(ranks)]
   oracle = oracles.DynamicTableOracle(
       dim, "adam", dict(learning_rate=lr, beta_1=0.8, beta_2=0.95, epsilon=1e-7),
       init=("uniform", -0.5, 0.5))
