@@ -157,27 +157,33 @@ def _horovod_env_ready():
   return True, ""
 
 
-@pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])
-def test_horovod_two_ranks(tmp_path, optimizer):
+def _horovodrun(tmp_path, module_args, ranks=NUM_WORKERS):
+  """Runs `python -m MODULE_ARGS` on `ranks` Horovod ranks (Gloo) in the
+  Horovod environment, with tfde as installed there; skips without that
+  environment, or fails when TFDE_REQUIRE_HOROVOD=1."""
   ready, why = _horovod_env_ready()
   if not ready:
     if os.environ.get("TFDE_REQUIRE_HOROVOD") == "1":
       pytest.fail(f"Horovod environment missing: {why}")
     pytest.skip(f"Horovod environment missing (make hvd-env): {why}")
   pkg = _isolated_tests_package(tmp_path)
-  batches_path, batches = _write_batches(str(tmp_path), optimizer)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=pkg,
              PATH=os.path.join(HVD_VENV, "bin") + os.pathsep + os.environ["PATH"])
   env.pop("TFDE_OPS", None)
-  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(NUM_WORKERS),
-             "--gloo", "-H", f"localhost:{NUM_WORKERS}",
-             os.path.join(HVD_VENV, "bin", "python"), "-m",
-             "tests.multiprocess_worker", "--mode", "horovod",
-             "--optimizer", optimizer, "--batches", batches_path,
-             "--out", str(tmp_path)]
+  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(ranks),
+             "--gloo", "-H", f"localhost:{ranks}",
+             os.path.join(HVD_VENV, "bin", "python"), "-m"] + list(module_args)
   procs, outputs = _run_group([command], [env], cwd=str(tmp_path))
   assert procs[0].returncode == 0, outputs[0][-3000:]
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])
+def test_horovod_two_ranks(tmp_path, optimizer):
+  batches_path, batches = _write_batches(str(tmp_path), optimizer)
+  _horovodrun(tmp_path, ["tests.multiprocess_worker", "--mode", "horovod",
+                         "--optimizer", optimizer, "--batches", batches_path,
+                         "--out", str(tmp_path)])
   versions = {str(np.load(os.path.join(tmp_path, f"worker_{r}.npz"))["tf_version"])
               for r in range(NUM_WORKERS)}
   assert versions == {"2.18.1"}, versions
@@ -316,23 +322,9 @@ def test_dynamic_table_under_multi_worker_mirrored(tmp_path):
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_dynamic_table_under_horovod(tmp_path):
-  ready, why = _horovod_env_ready()
-  if not ready:
-    if os.environ.get("TFDE_REQUIRE_HOROVOD") == "1":
-      pytest.fail(f"Horovod environment missing: {why}")
-    pytest.skip(f"Horovod environment missing (make hvd-env): {why}")
-  pkg = _isolated_tests_package(tmp_path)
   batches_path, batches = _dynamic_batches(str(tmp_path))
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=pkg,
-             PATH=os.path.join(HVD_VENV, "bin") + os.pathsep + os.environ["PATH"])
-  env.pop("TFDE_OPS", None)
-  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(NUM_WORKERS),
-             "--gloo", "-H", f"localhost:{NUM_WORKERS}",
-             os.path.join(HVD_VENV, "bin", "python"), "-m", "tests.dynamic_worker",
-             "--mode", "horovod", "--optimizer", "ftrl", "--batches", batches_path,
-             "--out", str(tmp_path)]
-  procs, outputs = _run_group([command], [env], cwd=str(tmp_path))
-  assert procs[0].returncode == 0, outputs[0][-3000:]
+  _horovodrun(tmp_path, ["tests.dynamic_worker", "--mode", "horovod", "--optimizer",
+                         "ftrl", "--batches", batches_path, "--out", str(tmp_path)])
   _check_dynamic(str(tmp_path), "ftrl", batches)
 
 
@@ -344,11 +336,6 @@ def test_dynamic_table_under_horovod(tmp_path):
 def test_sok_door_under_horovod(tmp_path, ranks):
   """sok.Variable and sok.DynamicVariable sharded over 2 Horovod ranks,
   trained with a wrapped Keras Adam, equal one unsharded numpy model."""
-  ready, why = _horovod_env_ready()
-  if not ready:
-    if os.environ.get("TFDE_REQUIRE_HOROVOD") == "1":
-      pytest.fail(f"Horovod environment missing: {why}")
-    pytest.skip(f"Horovod environment missing (make hvd-env): {why}")
   rng = np.random.default_rng(4)
   batch, vocab, dim, lr = 8, 30, 3, 0.05
   keys = [-2**40, 5, 9, 2**62, -1, 123456789]
@@ -365,16 +352,8 @@ def test_sok_door_under_horovod(tmp_path, ranks):
   path = os.path.join(tmp_path, "sok.pkl")
   with open(path, "wb") as f:
     pickle.dump(data, f)
-  pkg = _isolated_tests_package(tmp_path)
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=pkg,
-             PATH=os.path.join(HVD_VENV, "bin") + os.pathsep + os.environ["PATH"])
-  env.pop("TFDE_OPS", None)
-  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(ranks),
-             "--gloo", "-H", f"localhost:{ranks}",
-             os.path.join(HVD_VENV, "bin", "python"), "-m", "tests.sok_worker",
-             "--data", path, "--out", str(tmp_path)]
-  procs, outputs = _run_group([command], [env], cwd=str(tmp_path))
-  assert procs[0].returncode == 0, outputs[0][-3000:]
+  _horovodrun(tmp_path, ["tests.sok_worker", "--data", path, "--out", str(tmp_path)],
+              ranks)
   results = [np.load(os.path.join(tmp_path, f"sok_{r}.npz")) for r in range(ranks)]
 
   hp = dict(learning_rate=lr, beta_1=0.9, beta_2=0.999, epsilon=1e-7)
@@ -407,11 +386,6 @@ def test_mxrec_flow_under_horovod(tmp_path, ranks):
   """mxRec's TF1 flow over 2 Horovod ranks: ids routed to their owner,
   local-embedding gradients returned through the exchange, applied by
   address; equals the dict oracle over the global batch."""
-  ready, why = _horovod_env_ready()
-  if not ready:
-    if os.environ.get("TFDE_REQUIRE_HOROVOD") == "1":
-      pytest.fail(f"Horovod environment missing: {why}")
-    pytest.skip(f"Horovod environment missing (make hvd-env): {why}")
   rng = np.random.default_rng(9)
   batch, slots, dim, lr = 8, 2, 3, 0.05
   pool = np.array([7, -3, 2**62 + 1, 40, -2**50, 11, 8], np.int64)
@@ -421,16 +395,8 @@ def test_mxrec_flow_under_horovod(tmp_path, ranks):
   path = os.path.join(tmp_path, "mxrec.pkl")
   with open(path, "wb") as f:
     pickle.dump(dict(batch=batch, slots=slots, dim=dim, lr=lr, steps=steps), f)
-  pkg = _isolated_tests_package(tmp_path)
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=pkg,
-             PATH=os.path.join(HVD_VENV, "bin") + os.pathsep + os.environ["PATH"])
-  env.pop("TFDE_OPS", None)
-  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(ranks),
-             "--gloo", "-H", f"localhost:{ranks}",
-             os.path.join(HVD_VENV, "bin", "python"), "-m", "tests.mxrec_worker",
-             "--data", path, "--out", str(tmp_path)]
-  procs, outputs = _run_group([command], [env], cwd=str(tmp_path))
-  assert procs[0].returncode == 0, outputs[0][-3000:]
+  _horovodrun(tmp_path, ["tests.mxrec_worker", "--data", path, "--out", str(tmp_path)],
+              ranks)
   results = [np.load(os.path.join(tmp_path, f"mxrec_{r}.npz")) for r in range(ranks)]
   oracle = oracles.DynamicTableOracle(
       dim, "adam", dict(learning_rate=lr, beta_1=0.8, beta_2=0.95, epsilon=1e-7),

@@ -91,6 +91,19 @@ def initial_shard_value(config, num_shards, shard):
   return tf.pad(value, [[0, per_shard - tf.shape(value)[0]], [0, 0]])
 
 
+def _switches_optimizer(table, optimizer):
+  """True when `optimizer` is of another kind than the table's (new slots
+  needed), which only an untrained table allows; else adopts it as is."""
+  if optimizer.kind == table.optimizer.kind:
+    table.optimizer = optimizer
+    return False
+  if any(int(step.numpy()) for step in table.steps.values()):
+    raise ValueError(f"table {table.name!r} has been trained with "
+                     f"{table.optimizer.kind!r}; it cannot switch to "
+                     f"{optimizer.kind!r}")
+  return True
+
+
 class ShardedTable(tf.Module):
   """A static table of `vocabulary_size` rows spread over the replicas.
 
@@ -166,13 +179,8 @@ class ShardedTable(tf.Module):
     """Trains with `optimizer` from now on. Another kind of optimizer (other
     slots) is accepted only before the first update, when its slots are
     created (SOK's wrappers choose a table's optimizer at first use)."""
-    if optimizer.kind == self.optimizer.kind:
-      self.optimizer = optimizer
+    if not _switches_optimizer(self, optimizer):
       return
-    if any(int(step.numpy()) for step in self.steps.values()):
-      raise ValueError(f"table {self.name!r} has been trained with "
-                       f"{self.optimizer.kind!r}; it cannot switch to "
-                       f"{optimizer.kind!r}")
     self.optimizer = optimizer
     for replica, shard in self.shards.items():
       device = self.comm.replica_device(replica)
@@ -424,13 +432,8 @@ class DynamicTable(tf.Module):
     before the first update: rows looked up so far keep their embeddings
     and get the new optimizer's initial slots (SOK picks the optimizer at
     first use)."""
-    if optimizer.kind == self.optimizer.kind:
-      self.optimizer = optimizer
+    if not _switches_optimizer(self, optimizer):
       return
-    if any(int(step.numpy()) for step in self.steps.values()):
-      raise ValueError(f"table {self.name!r} has been trained with "
-                       f"{self.optimizer.kind!r}; it cannot switch to "
-                       f"{optimizer.kind!r}")
     rows = self._gathered()
     self.optimizer = optimizer
     self.config = dataclasses.replace(self.config, optimizer=optimizer)
