@@ -22,6 +22,11 @@ def main():
   parser.add_argument("--batches", required=True)
   parser.add_argument("--out", required=True)
   parser.add_argument("--checkpoint", help="write a checkpoint here at the end")
+  parser.add_argument("--checkpoint-dir", help="save after every step here")
+  parser.add_argument("--die-at-step", type=int, default=-1,
+                      help="exit abruptly before this (0-based) step")
+  parser.add_argument("--resume", action="store_true",
+                      help="restore the latest checkpoint and go on from it")
   args = parser.parse_args()
 
   if args.mode == "mwms":
@@ -58,7 +63,24 @@ def main():
   with open(args.batches, "rb") as f:
     batches = pickle.load(f)
   result = {}
+  manager, start = None, 0
+  if args.checkpoint_dir:
+    # As multiprocess_worker: the chief's checkpoint is the real one.
+    directory = args.checkpoint_dir if rank == 0 else os.path.join(
+        args.checkpoint_dir, f"worker_{rank}_temp")
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(lookup=lookup),
+                                         directory, max_to_keep=2)
+    if args.resume:
+      latest = tf.train.latest_checkpoint(args.checkpoint_dir)
+      tf.train.Checkpoint(lookup=lookup).restore(latest).assert_consumed()
+      start = int(lookup.tables["users"].steps[rank].numpy())
+      print(f"worker {rank} resumed from {latest} at step {start}", flush=True)
   for index, batch in enumerate(batches):
+    if index < start:
+      continue
+    if index == args.die_at_step:
+      print(f"worker {rank} dies before step {index}", flush=True)
+      os._exit(3)
     if args.mode == "mwms":
       local = [d.replica_inputs(batch, r, num_replicas) for r in range(num_replicas)]
       dist = [strategy.experimental_distribute_values_from_function(
@@ -68,6 +90,8 @@ def main():
       outputs = step(*d.replica_inputs(batch, rank, num_replicas))
     for f in ("clicks", "pair"):
       result[f"output/{index}/{f}"] = outputs[f].numpy()
+    if manager is not None:
+      manager.save()
   if args.checkpoint:
     # Every worker saves (a collective); the chief's copy is the real one.
     path = args.checkpoint if rank == 0 else f"{args.checkpoint}_worker_{rank}"

@@ -280,13 +280,16 @@ def _dynamic_batches(out_dir):
   return path, batches
 
 
-def _check_dynamic(out_dir, optimizer, batches):
-  """Each worker's outputs and the gathered table against the dict oracle."""
+def _check_dynamic(out_dir, optimizer, batches, first_step=0):
+  """Each worker's outputs (from `first_step` on) and the gathered table
+  against the dict oracle of all the batches."""
   results = [np.load(os.path.join(out_dir, f"dynamic_{r}.npz"))
              for r in range(NUM_WORKERS)]
   oracle = dynamic_harness.oracle_for(optimizer, admit_after=2, evict_after_steps=4)
   for index, batch in enumerate(batches):
     want = dynamic_harness.oracle_step(oracle, batch)
+    if index < first_step:
+      continue
     for f in ("clicks", "pair"):
       got = np.concatenate([r[f"output/{index}/{f}"] for r in results])
       np.testing.assert_allclose(got, want[f], rtol=2e-5, atol=2e-6,
@@ -411,3 +414,26 @@ def test_mxrec_flow_under_horovod(tmp_path, ranks):
     np.testing.assert_array_equal(r["table/ids"], ids)
     np.testing.assert_allclose(r["table/table"], [oracle.rows[k]["w"] for k in ids],
                                rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.timeout(2 * TIMEOUT_S)
+def test_killed_dynamic_table_run_resumes_to_the_uninterrupted_result(tmp_path):
+  """The dynamic-table run of 2 workers, checkpointed after every step,
+  dies before step 3 of 6 and resumes: the rest of its outputs and its
+  final table (rows, counts, pending ids) equal the uninterrupted oracle."""
+  batches_path, batches = _dynamic_batches(str(tmp_path))
+  checkpoints = str(tmp_path / "ckpt")
+
+  def run(extra):
+    return _run_group(*_worker_group(
+        ["-m", "tests.dynamic_worker", "--mode", "mwms", "--optimizer", "adam",
+         "--batches", batches_path, "--out", str(tmp_path),
+         "--checkpoint-dir", checkpoints] + extra), cwd=REPO)
+
+  procs, outputs = run(["--die-at-step", "3"])
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 3 and "dies before step 3" in out, out[-3000:]
+  procs, outputs = run(["--resume"])
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0 and "at step 3" in out, out[-3000:]
+  _check_dynamic(str(tmp_path), "adam", batches, first_step=3)

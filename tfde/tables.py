@@ -514,7 +514,9 @@ class DynamicTable(tf.Module):
     for field in self._FIELDS:
       sizes = self.comm.gather_replica_values(
           {r: tf.shape(e[field], out_type=tf.int32)[0] for r, e in exports.items()})
-      longest = tf.reduce_max(sizes)
+      # At least one row: collectives of empty tensors crash
+      # MultiWorkerMirroredStrategy (seen restoring into empty tables).
+      longest = tf.maximum(tf.reduce_max(sizes), 1)
 
       def padded(x, longest=longest):
         pad = [[0, longest - tf.shape(x)[0]]] + [[0, 0]] * (len(x.shape) - 1)
