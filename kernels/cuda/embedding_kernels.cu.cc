@@ -2,8 +2,8 @@
 //
 // Sorting (CUB's stable radix sort) replaces the CPU kernels' hash maps:
 // stability keeps every result in the same order as on the CPU (unique ids
-// by first appearance, shards stable, gradient sums in id order), so the
-// GPU and CPU kernels agree and are checked against the same oracles.
+// by first appearance, shards stable), so the GPU and CPU kernels agree and
+// are checked against the same oracles.
 #include "embedding_kernels.cu.h"
 
 #include <cuda_bf16.h>
@@ -281,17 +281,55 @@ __global__ void RowBegins(const int32_t* sorted_inverse, int64_t n, int64_t num_
   }
 }
 
+// The gradient sums each unique row's ids in chunks of kGradChunk, so a hot
+// row (Zipf: tens of thousands of ids) is summed by many threads; chunks
+// and their partial sums have a fixed order, so results are deterministic.
+constexpr int kGradChunk = 64;
+
+__global__ void ChunksPerRow(const int32_t* row_begin, int64_t num_unique,
+                             int32_t* num_chunks) {
+  TFDE_GRID_STRIDE(k, num_unique) {
+    num_chunks[k] = (row_begin[k + 1] - row_begin[k] + kGradChunk - 1) / kGradChunk;
+  }
+}
+
 template <typename T>
-__global__ void CombineGradKernel(const T* grad, int64_t dim, const int32_t* row_begin,
-                                  const int32_t* sorted_positions, const int32_t* bag_of,
-                                  const float* coefficient, int64_t num_unique, T* out) {
+__global__ void ChunkSumsKernel(const T* grad, int64_t dim, const int32_t* row_begin,
+                                const int32_t* chunk_offset, const int32_t* num_chunks,
+                                int64_t num_unique, const int32_t* sorted_positions,
+                                const int32_t* bag_of, const float* coefficient,
+                                int64_t max_chunks, float* partial) {
+  const int64_t total = chunk_offset[num_unique - 1] + num_chunks[num_unique - 1];
+  TFDE_GRID_STRIDE(e, max_chunks * dim) {
+    const int64_t c = e / dim;
+    if (c >= total) continue;
+    const int64_t d = e - c * dim;
+    // The row whose chunks include c: the last k with chunk_offset[k] <= c.
+    int64_t lo = 0, hi = num_unique;
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (chunk_offset[mid] <= c) lo = mid; else hi = mid;
+    }
+    const int64_t begin = row_begin[lo] + (c - chunk_offset[lo]) * kGradChunk;
+    const int64_t end = min(begin + kGradChunk, static_cast<int64_t>(row_begin[lo + 1]));
+    float acc = 0.0f;
+    for (int64_t j = begin; j < end; ++j) {
+      const int32_t i = sorted_positions[j];
+      acc += coefficient[i] * ToFloat(grad[static_cast<int64_t>(bag_of[i]) * dim + d]);
+    }
+    partial[e] = acc;
+  }
+}
+
+template <typename T>
+__global__ void RowSumsKernel(const float* partial, int64_t dim, const int32_t* chunk_offset,
+                              const int32_t* num_chunks, int64_t num_unique, T* out) {
   TFDE_GRID_STRIDE(e, num_unique * dim) {
     const int64_t k = e / dim;
     const int64_t d = e - k * dim;
     float acc = 0.0f;
-    for (int32_t j = row_begin[k]; j < row_begin[k + 1]; ++j) {
-      const int32_t i = sorted_positions[j];
-      acc += coefficient[i] * ToFloat(grad[static_cast<int64_t>(bag_of[i]) * dim + d]);
+    for (int32_t c = chunk_offset[k]; c < chunk_offset[k] + num_chunks[k]; ++c) {
+      acc += partial[static_cast<int64_t>(c) * dim + d];
     }
     out[e] = FromFloat<T>(acc);
   }
@@ -525,17 +563,25 @@ cudaError_t EmbeddingCombineGrad(cudaStream_t stream, const T* grad, int64_t dim
                                  const float* coefficient, int64_t num_unique,
                                  void* workspace, size_t* workspace_bytes, T* out) {
   const int num = static_cast<int>(n);
-  size_t sort_bytes = 0;
+  // Every row has at least one id, so chunks number at most n / C + rows.
+  const int64_t max_chunks = n / kGradChunk + num_unique;
+  size_t sort_bytes = 0, scan_bytes = 0;
   TFDE_RETURN_IF_CUDA_ERROR(cub::DeviceRadixSort::SortPairs(
       nullptr, sort_bytes, static_cast<const int32_t*>(nullptr),
       static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
       static_cast<int32_t*>(nullptr), num));
+  TFDE_RETURN_IF_CUDA_ERROR(cub::DeviceScan::ExclusiveSum(
+      nullptr, scan_bytes, static_cast<const int32_t*>(nullptr),
+      static_cast<int32_t*>(nullptr), static_cast<int>(num_unique)));
   Carver carve(workspace);
   int32_t* sorted_inverse = carve.Take<int32_t>(n);
   int32_t* positions = carve.Take<int32_t>(n);
   int32_t* sorted_positions = carve.Take<int32_t>(n);
   int32_t* row_begin = carve.Take<int32_t>(num_unique + 1);
-  void* temp = carve.Take<char>(sort_bytes);
+  int32_t* num_chunks = carve.Take<int32_t>(num_unique);
+  int32_t* chunk_offset = carve.Take<int32_t>(num_unique);
+  float* partial = carve.Take<float>(max_chunks * dim);
+  void* temp = carve.Take<char>(std::max(sort_bytes, scan_bytes));
   if (workspace == nullptr) {
     *workspace_bytes = carve.used();
     return cudaSuccess;
@@ -549,8 +595,15 @@ cudaError_t EmbeddingCombineGrad(cudaStream_t stream, const T* grad, int64_t dim
   }
   RowBegins<<<BlocksFor(num_unique + 1), kThreads, 0, stream>>>(sorted_inverse, n,
                                                                 num_unique, row_begin);
-  CombineGradKernel<<<BlocksFor(num_unique * dim), kThreads, 0, stream>>>(
-      grad, dim, row_begin, sorted_positions, bag_of, coefficient, num_unique, out);
+  ChunksPerRow<<<BlocksFor(num_unique), kThreads, 0, stream>>>(row_begin, num_unique,
+                                                               num_chunks);
+  TFDE_RETURN_IF_CUDA_ERROR(cub::DeviceScan::ExclusiveSum(
+      temp, scan_bytes, num_chunks, chunk_offset, static_cast<int>(num_unique), stream));
+  ChunkSumsKernel<<<BlocksFor(max_chunks * dim), kThreads, 0, stream>>>(
+      grad, dim, row_begin, chunk_offset, num_chunks, num_unique, sorted_positions, bag_of,
+      coefficient, max_chunks, partial);
+  RowSumsKernel<<<BlocksFor(num_unique * dim), kThreads, 0, stream>>>(
+      partial, dim, chunk_offset, num_chunks, num_unique, out);
   return cudaGetLastError();
 }
 

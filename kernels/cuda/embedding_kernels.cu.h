@@ -115,7 +115,8 @@ cudaError_t EmbeddingCombine(cudaStream_t stream, const T* rows, int64_t dim,
                              int64_t batch, const float* coefficient, T* out);
 
 // out[k] = sum over ids i with inverse[i] == k of coefficient[i] *
-// grad[bag_of[i]], summed in id order (deterministic, as the CPU kernel).
+// grad[bag_of[i]]: in id order within chunks of 64 ids, then over the
+// chunks, so hot rows are summed in parallel and results are deterministic.
 template <typename T>
 cudaError_t EmbeddingCombineGrad(cudaStream_t stream, const T* grad, int64_t dim,
                                  const int32_t* inverse, int64_t n,
