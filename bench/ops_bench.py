@@ -9,7 +9,9 @@ vocabulary, sum combiner. `--quick` shrinks tables and batch for a smoke run.
 Effective GB/s counts the bytes a lookup must move, the same for every
 system: forward = unique rows read + ids' rows combined + outputs written;
 a training step adds the output gradients read, the row gradients written,
-and for Adam the table, m and v rows read and written.
+and for Adam the table, m and v rows read and written. The step is also
+timed on dynamic tables (bench/dynamic_bench.py), which keep a row's slots
+beside it.
 """
 
 import argparse
@@ -72,6 +74,12 @@ def main():
       results[f"tfde {backend} train (lazy Adam)"] = timed(train, args.reps)
       del lookup
 
+  # The same step on dynamic tables (ids hashed to 64-bit keys; rows made as
+  # they arrive, slots beside each row).
+  from dynamic_bench import train_step_ms  # pylint: disable=g-import-not-at-top
+  with tfde.ops.backend(tfde.ops.KERNELS):
+    results["tfde kernels train, dynamic tables"] = train_step_ms(work, True, args.reps)[0]
+
   # Baseline: tf.nn.embedding_lookup_sparse, Keras Adam / SGD.
   import keras  # pylint: disable=g-import-not-at-top
   variables = [tf.Variable(tf.random.uniform((vocab, dim), -0.05, 0.05, seed=t))
@@ -122,6 +130,8 @@ def main():
         f"{results['tf.nn + Keras SGD train'] / k_train:6.2f}x faster")
   print(f"  kernel train vs twin train:              "
         f"{results['tfde reference train (lazy Adam)'] / k_train:6.2f}x faster")
+  print(f"  dynamic-table train vs tf.nn + Keras Adam: "
+        f"{results['tf.nn + Keras Adam train'] / results['tfde kernels train, dynamic tables']:6.2f}x faster")
 
 
 if __name__ == "__main__":
