@@ -460,6 +460,15 @@ Status LookupTable(OpKernelContext* ctx, int input, RefCountPtr<DynamicEmbedding
   return absl::OkStatus();
 }
 
+Status ReadInt64Scalar(OpKernelContext* ctx, int input, const char* name, int64_t* out) {
+  const Tensor& t = ctx->input(input);
+  if (!TensorShapeUtils::IsScalar(t.shape())) {
+    return InvalidArgument(name, " must be a scalar, got shape ", t.shape().DebugString());
+  }
+  *out = t.scalar<int64_t>()();
+  return absl::OkStatus();
+}
+
 Status CheckIds(const Tensor& ids) {
   if (ids.dims() != 1) {
     return InvalidArgument("ids must be a vector, got shape ", ids.shape().DebugString());
@@ -513,7 +522,8 @@ class DynamicTableLookupOp : public OpKernel {
     OP_REQUIRES(ctx, !insert_ || counts_t.NumElements() == n,
                 InvalidArgument("counts has ", counts_t.NumElements(),
                                 " entries but there are ", n, " ids"));
-    const int64_t step = ctx->input(3).scalar<int64_t>()();
+    int64_t step;
+    OP_REQUIRES_OK(ctx, ReadInt64Scalar(ctx, 3, "step", &step));
     const TableSpec& spec = table->spec();
     const int64_t dim = spec.dim;
     Tensor* out_t = nullptr;
@@ -849,6 +859,7 @@ class DynamicTableImportOp : public OpKernel {
     const TableSpec& spec = table->spec();
     const Tensor& ids_t = ctx->input(1);
     const Tensor& values_t = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckIds(ids_t));
     const int64_t k = ids_t.NumElements();
     OP_REQUIRES(ctx, values_t.dims() == 3 && values_t.dim_size(0) == k &&
                          values_t.dim_size(1) == spec.num_slots &&
@@ -921,9 +932,10 @@ class DynamicTableEvictOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     RefCountPtr<DynamicEmbeddingTable> table;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
-    const int64_t step = ctx->input(1).scalar<int64_t>()();
-    const int64_t max_unseen = ctx->input(2).scalar<int64_t>()();
-    const int64_t max_rows = ctx->input(3).scalar<int64_t>()();
+    int64_t step, max_unseen, max_rows;
+    OP_REQUIRES_OK(ctx, ReadInt64Scalar(ctx, 1, "step", &step));
+    OP_REQUIRES_OK(ctx, ReadInt64Scalar(ctx, 2, "max_unseen_steps", &max_unseen));
+    OP_REQUIRES_OK(ctx, ReadInt64Scalar(ctx, 3, "max_rows", &max_rows));
     mutex_lock lock(*table->mu());
     RowStore& store = table->store();
     std::vector<int64_t> evicted;

@@ -390,3 +390,31 @@ def test_keras_fit_predict_save_load_and_serve(tmp_path):
   served = test_serving._serve_elsewhere(tmp_path, tmp_path / "served", mixed)  # pylint: disable=protected-access
   np.testing.assert_allclose(np.array(served["outputs"]["output"]), want,
                              rtol=1e-5, atol=1e-6)
+
+
+def test_table_ops_refuse_malformed_inputs():
+  """The kernel's ops check shapes themselves (eager calls skip shape
+  functions): an error, never a crash."""
+  lib = tfde.ops.native.load()
+  handle = lib.tfde_dynamic_table_handle(shared_name="malformed_inputs", dim=2,
+                                         initializer="zeros")
+  one = tf.constant([1], tf.int64)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="step must be a scalar"):
+    lib.tfde_dynamic_table_lookup(handle, one, one, tf.constant([1, 2], tf.int64),
+                                  dim=2, insert=True)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="counts has 2 entries"):
+    lib.tfde_dynamic_table_lookup(handle, one, tf.constant([1, 1], tf.int64),
+                                  tf.constant(1, tf.int64), dim=2, insert=True)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="max_rows must be a scalar"):
+    lib.tfde_dynamic_table_evict(handle, tf.constant(1, tf.int64), tf.constant(0, tf.int64),
+                                 tf.zeros([3], tf.int64))
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"values have shape \[1,3,2\]"):
+    empty = tf.zeros([0], tf.int64)
+    lib.tfde_dynamic_table_import(handle, one, tf.zeros([1, 3, 2]), one, one, empty,
+                                  empty, empty)
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids\[1\] = 1 repeats ids\[0\]"):
+    lib.tfde_dynamic_table_import(handle, tf.constant([1, 1], tf.int64), tf.zeros([2, 1, 2]),
+                                  tf.constant([1, 1], tf.int64), tf.constant([1, 1], tf.int64),
+                                  empty, empty, empty)
+  # Still usable, and unchanged by the refused calls.
+  assert int(lib.tfde_dynamic_table_stats(handle)[0]) == 0
