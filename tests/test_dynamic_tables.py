@@ -380,6 +380,14 @@ def test_keras_fit_predict_save_load_and_serve(tmp_path):
   again = loaded.get_layer("embedding").tables["user"].export_rows()
   for key in before:
     np.testing.assert_array_equal(before[key], again[key], err_msg=key)
+  # So do save_weights / load_weights, into a fresh model on 4 replicas.
+  model.save_weights(tmp_path / "model.weights.h5")
+  with mirrored(4).scope():
+    other = _hashed_ranking_model()
+  other.load_weights(tmp_path / "model.weights.h5")
+  again = other.get_layer("embedding").tables["user"].export_rows()
+  for key in before:
+    np.testing.assert_array_equal(before[key], again[key], err_msg=key)
 
   # Served without tfde: known ids from their rows, unknown ones from the
   # initial value they would start with, as the model does.
