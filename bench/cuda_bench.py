@@ -14,7 +14,6 @@ CPU machine) it also prints the ratios.
   python3 bench/cuda_bench.py [--quick] [--reps 20]
 """
 
-import argparse
 import ctypes
 import os
 import sys
@@ -25,20 +24,15 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tests import cuda_testing  # noqa: E402
-from workload import Workload  # noqa: E402  (bench/ is the script's dir)
+from workload import parse_args  # noqa: E402  (bench/ is the script's dir)
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--quick", action="store_true")
-  parser.add_argument("--reps", type=int, default=20)
-  parser.add_argument("--cpu-forward-ms", type=float)
-  parser.add_argument("--cpu-train-ms", type=float)
-  args = parser.parse_args()
+  args, work = parse_args(__doc__, reps=20, extra=[
+      ("--cpu-forward-ms", dict(type=float)), ("--cpu-train-ms", dict(type=float))])
   reason = cuda_testing.unavailable_reason()
   if reason:
     sys.exit(f"cuda_bench: cannot run: {reason}")
-  work = Workload.quick() if args.quick else Workload()
   ids = np.ascontiguousarray(np.stack([x.ravel() for x in work.ids(seed=0)]))
   unique = [len(np.unique(x)) for x in ids]
   with tempfile.TemporaryDirectory() as tmp:

@@ -15,7 +15,6 @@ bench/results/dynamic_bench.png (memory against live rows; step times).
   python bench/dynamic_bench.py [--quick]
 """
 
-import argparse
 import os
 import sys
 import time
@@ -28,7 +27,7 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tfde  # noqa: E402
 import tfde.ops  # noqa: E402
-from workload import Workload, timed  # noqa: E402  (bench/ is the script's dir)
+from workload import parse_args, timed  # noqa: E402  (bench/ is the script's dir)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 BOUND_BYTES_PER_ROW = 100 + 4 * 16  # tests' bound for width 8, widened to 16
@@ -79,12 +78,8 @@ def train_step_ms(work, dynamic, reps):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--quick", action="store_true")
-  parser.add_argument("--reps", type=int, default=7)
-  args = parser.parse_args()
+  args, work = parse_args(__doc__, reps=7)
   total, batch = (100_000, 10_000) if args.quick else (1_000_000, 100_000)
-  work = Workload.quick() if args.quick else Workload()
   rng = np.random.default_rng(0)
   ids = np.unique(rng.integers(-2**63, 2**63 - 1, size=total + total // 20, dtype=np.int64))
   ids = rng.permutation(ids)[:total]

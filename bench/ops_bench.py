@@ -14,7 +14,6 @@ timed on dynamic tables (bench/dynamic_bench.py), which keep a row's slots
 beside it.
 """
 
-import argparse
 import os
 import sys
 
@@ -26,17 +25,11 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tfde  # noqa: E402
 import tfde.ops  # noqa: E402
-from workload import Workload, timed  # noqa: E402  (bench/ is the script's dir)
+from workload import parse_args, timed  # noqa: E402  (bench/ is the script's dir)
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--quick", action="store_true")
-  parser.add_argument("--reps", type=int, default=7)
-  args = parser.parse_args()
-  work = Workload.quick() if args.quick else Workload()
-  if args.quick:
-    args.reps = 3
+  args, work = parse_args(__doc__, reps=7)
   tables, vocab, dim, batch, hot = (work.tables, work.vocab, work.dim,
                                     work.batch, work.hot)
   rng = np.random.default_rng(1)

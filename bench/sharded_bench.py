@@ -14,7 +14,6 @@ bench/results/sharded_bench.png (step time and bytes per N, rows served
 per shard). `--quick` shrinks the tables and batch.
 """
 
-import argparse
 import os
 import sys
 
@@ -30,7 +29,7 @@ tf.config.set_logical_device_configuration(
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tfde  # noqa: E402
-from workload import Workload, timed  # noqa: E402  (bench/ is the script's dir)
+from workload import parse_args, timed  # noqa: E402  (bench/ is the script's dir)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -109,13 +108,7 @@ def plot(results, path):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--quick", action="store_true")
-  parser.add_argument("--reps", type=int, default=5)
-  args = parser.parse_args()
-  work = Workload.quick() if args.quick else Workload()
-  if args.quick:
-    args.reps = 3
+  args, work = parse_args(__doc__, reps=5)
   ids = work.ids(seed=0)
   print(f"data: {work.describe()} (global batch, split over the replicas); "
         f"TF {tf.__version__}, {os.cpu_count()} cores, replicas are logical "

@@ -3,6 +3,7 @@ trained with lazy Adam, batch 4096, 20 ids per sample per table drawn
 Zipf(1.05) and folded into the vocabulary, sum combiner (`quick()`:
 50,000 rows, batch 512)."""
 
+import argparse
 import dataclasses
 import statistics
 import time
@@ -65,3 +66,17 @@ def timed(fn, reps, warmup=2):
     fn()
     times.append(time.perf_counter() - start)
   return statistics.median(times) * 1e3
+
+
+def parse_args(doc, reps, extra=()):
+  """(arguments, workload) of a benchmark script: --quick (the quick
+  workload, 3 repetitions) and --reps, plus `extra` (name, kwargs) options."""
+  parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--reps", type=int, default=reps)
+  for name, kwargs in extra:
+    parser.add_argument(name, **kwargs)
+  args = parser.parse_args()
+  if args.quick:
+    args.reps = min(args.reps, 3)
+  return args, (Workload.quick() if args.quick else Workload())

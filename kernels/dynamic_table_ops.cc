@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common.h"
+#include "input_checks.h"
 #include "sparse_updates.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -460,22 +461,6 @@ Status LookupTable(OpKernelContext* ctx, int input, RefCountPtr<DynamicEmbedding
   return absl::OkStatus();
 }
 
-Status ReadInt64Scalar(OpKernelContext* ctx, int input, const char* name, int64_t* out) {
-  const Tensor& t = ctx->input(input);
-  if (!TensorShapeUtils::IsScalar(t.shape())) {
-    return InvalidArgument(name, " must be a scalar, got shape ", t.shape().DebugString());
-  }
-  *out = t.scalar<int64_t>()();
-  return absl::OkStatus();
-}
-
-Status CheckIds(const Tensor& ids) {
-  if (ids.dims() != 1) {
-    return InvalidArgument("ids must be a vector, got shape ", ids.shape().DebugString());
-  }
-  return absl::OkStatus();
-}
-
 REGISTER_OP("TfdeDynamicTableLookup")
     .Input("table: resource")
     .Input("ids: int64")
@@ -499,8 +484,8 @@ REGISTER_OP("TfdeDynamicTableLookup")
     })
     .Doc(R"doc(
 The embeddings of `ids` (repeats allowed), and the address of each id's row
-after this lookup (-1 for ids without a row), as TfdeDynamicTableFindRows
-would give, read under the same lock. With `insert` (training), each
+after this lookup (-1 for ids without a row), read under the same lock
+(mxRec's flow applies gradients by address). With `insert` (training), each
 id counts `counts[i]` sightings at `step`, and an id admitted by them gets
 its row now; without (inference), nothing changes. Ids without a row give
 their initial value, or zeros if the table says so.
@@ -517,7 +502,7 @@ class DynamicTableLookupOp : public OpKernel {
     OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
     const Tensor& ids_t = ctx->input(1);
     const Tensor& counts_t = ctx->input(2);
-    OP_REQUIRES_OK(ctx, CheckIds(ids_t));
+    OP_REQUIRES_OK(ctx, CheckIdVector(ids_t));
     const int64_t n = ids_t.NumElements();
     OP_REQUIRES(ctx, !insert_ || counts_t.NumElements() == n,
                 InvalidArgument("counts has ", counts_t.NumElements(),
@@ -572,7 +557,7 @@ REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableLookup").Device(DEVICE_CPU),
 
 // The sparse optimizers over dynamic tables: ids must be unique; ids with no
 // row (not admitted, or evicted since the lookup) are skipped.
-// With `by_address`, `ids` are row addresses from TfdeDynamicTableFindRows
+// With `by_address`, `ids` are row addresses from TfdeDynamicTableLookup
 // (mxRec's flow): -1 (an id without a row) is skipped, and an address that
 // is not a live row is an error.
 #define TFDE_DYNAMIC_APPLY_COMMON_INPUTS \
@@ -644,10 +629,9 @@ class DynamicTableApplyOp : public OpKernel {
     const Tensor& ids_t = ctx->input(1);
     const Tensor& grad_t = ctx->input(2);
     const Tensor& grad_rows_t = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckIds(ids_t));
-    OP_REQUIRES(ctx, grad_t.dims() == 2,
-                InvalidArgument("grad must be a matrix, got shape ",
-                                grad_t.shape().DebugString()));
+    bool select;
+    OP_REQUIRES_OK(ctx, CheckUpdateInputs(ids_t, grad_t, grad_rows_t, "ids", &select));
+    OP_REQUIRES_OK(ctx, CheckGradRowsRange(grad_rows_t, grad_t.dim_size(0)));
     const TableSpec& spec = table->spec();
     OP_REQUIRES(ctx, spec.num_slots == Update::kNumVars,
                 InvalidArgument("the table keeps ", spec.num_slots - 1,
@@ -657,17 +641,7 @@ class DynamicTableApplyOp : public OpKernel {
                 InvalidArgument("grad has width ", grad_t.dim_size(1),
                                 " but the table has width ", spec.dim));
     const int64_t n = ids_t.NumElements();
-    const bool select = grad_rows_t.NumElements() > 0;
-    OP_REQUIRES(ctx, select ? grad_rows_t.NumElements() == n : grad_t.dim_size(0) == n,
-                InvalidArgument("grad has ", grad_t.dim_size(0), " rows and grad_rows ",
-                                grad_rows_t.NumElements(), " entries but there are ", n,
-                                " ids"));
     const int32_t* grad_rows = select ? grad_rows_t.flat<int32_t>().data() : nullptr;
-    for (int64_t i = 0; select && i < n; ++i) {
-      OP_REQUIRES(ctx, grad_rows[i] >= 0 && grad_rows[i] < grad_t.dim_size(0),
-                  InvalidArgument("grad_rows[", i, "] = ", grad_rows[i],
-                                  " is out of range [0, ", grad_t.dim_size(0), ")"));
-    }
     const int64_t* ids = ids_t.flat<int64_t>().data();
     const char* what = by_address_ ? "addresses" : "ids";
     IdIndexMap<int64_t> seen(n);
@@ -723,43 +697,6 @@ TFDE_REGISTER_DYNAMIC_APPLY("TfdeDynamicTableApplyAdagrad", AdagradUpdate)
 TFDE_REGISTER_DYNAMIC_APPLY("TfdeDynamicTableApplyLazyAdam", LazyAdamUpdate)
 TFDE_REGISTER_DYNAMIC_APPLY("TfdeDynamicTableApplyFtrl", FtrlUpdate)
 #undef TFDE_REGISTER_DYNAMIC_APPLY
-
-REGISTER_OP("TfdeDynamicTableFindRows")
-    .Input("table: resource")
-    .Input("ids: int64")
-    .Output("addresses: int64")
-    .SetIsStateful()
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      shape_inference::ShapeHandle ids;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &ids));
-      c->set_output(0, ids);
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-The row address of each id, -1 for ids without a row. Addresses stay valid
-until the next eviction or import.
-)doc");
-
-class DynamicTableFindRowsOp : public OpKernel {
- public:
-  explicit DynamicTableFindRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    RefCountPtr<DynamicEmbeddingTable> table;
-    OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
-    const Tensor& ids_t = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckIds(ids_t));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ids_t.shape(), &out));
-    tf_shared_lock lock(*table->mu());
-    const int64_t* ids = ids_t.flat<int64_t>().data();
-    int64_t* rows = out->flat<int64_t>().data();
-    for (int64_t i = 0; i < ids_t.NumElements(); ++i) rows[i] = table->FindRow(ids[i]);
-  }
-};
-
-REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableFindRows").Device(DEVICE_CPU),
-                        DynamicTableFindRowsOp);
 
 REGISTER_OP("TfdeDynamicTableExport")
     .Input("table: resource")
@@ -859,7 +796,7 @@ class DynamicTableImportOp : public OpKernel {
     const TableSpec& spec = table->spec();
     const Tensor& ids_t = ctx->input(1);
     const Tensor& values_t = ctx->input(2);
-    OP_REQUIRES_OK(ctx, CheckIds(ids_t));
+    OP_REQUIRES_OK(ctx, CheckIdVector(ids_t));
     const int64_t k = ids_t.NumElements();
     OP_REQUIRES(ctx, values_t.dims() == 3 && values_t.dim_size(0) == k &&
                          values_t.dim_size(1) == spec.num_slots &&

@@ -12,27 +12,12 @@
 #include <vector>
 
 #include "common.h"
+#include "input_checks.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace tfde {
-
-enum class Combiner { kSum, kMean, kSqrtn };
-
-Status ParseCombiner(const std::string& name, Combiner* combiner) {
-  if (name == "sum") {
-    *combiner = Combiner::kSum;
-  } else if (name == "mean") {
-    *combiner = Combiner::kMean;
-  } else if (name == "sqrtn") {
-    *combiner = Combiner::kSqrtn;
-  } else {
-    return InvalidArgument("combiner must be one of sum, mean, sqrtn; got '",
-                           name, "'");
-  }
-  return absl::OkStatus();
-}
 
 REGISTER_OP("TfdeEmbeddingCombine")
     .Input("rows: T")
@@ -93,10 +78,8 @@ Status ComputeCoefficients(const Tensor& inverse_t, const Tensor& splits_t,
                            const Tensor& weights_t, int64_t num_rows,
                            Combiner combiner, std::vector<int32_t>* bag_of,
                            std::vector<float>* coefficient) {
+  // Shapes are checked (CheckCombineInputs); here the values.
   const int64_t n = inverse_t.NumElements();
-  if (splits_t.NumElements() < 1) {
-    return InvalidArgument("row_splits must have at least one element");
-  }
   const int64_t batch = splits_t.NumElements() - 1;
   const Split* splits = splits_t.flat<Split>().data();
   if (splits[0] != 0) {
@@ -114,11 +97,6 @@ Status ComputeCoefficients(const Tensor& inverse_t, const Tensor& splits_t,
                            " must equal the number of ids, ", n);
   }
   const int64_t num_weights = weights_t.NumElements();
-  if (num_weights != 0 && num_weights != n) {
-    return InvalidArgument("weights has ", num_weights,
-                           " elements but there are ", n,
-                           " ids; pass one weight per id or none");
-  }
   const int32_t* inverse = inverse_t.flat<int32_t>().data();
   for (int64_t i = 0; i < n; ++i) {
     if (inverse[i] < 0 || inverse[i] >= num_rows) {
@@ -151,22 +129,6 @@ Status ComputeCoefficients(const Tensor& inverse_t, const Tensor& splits_t,
   return absl::OkStatus();
 }
 
-Status CheckRanks(const Tensor& table_like, const char* name,
-                  const Tensor& inverse, const Tensor& splits,
-                  const Tensor& weights) {
-  if (table_like.dims() != 2) {
-    return InvalidArgument(name, " must be a matrix, got shape ",
-                           table_like.shape().DebugString());
-  }
-  if (inverse.dims() != 1 || splits.dims() != 1 || weights.dims() != 1) {
-    return InvalidArgument(
-        "inverse, row_splits and weights must be vectors, got shapes ",
-        inverse.shape().DebugString(), ", ", splits.shape().DebugString(),
-        ", ", weights.shape().DebugString());
-  }
-  return absl::OkStatus();
-}
-
 template <typename T, typename Split>
 class EmbeddingCombineOp : public OpKernel {
  public:
@@ -181,7 +143,7 @@ class EmbeddingCombineOp : public OpKernel {
     const Tensor& inverse_t = ctx->input(1);
     const Tensor& splits_t = ctx->input(2);
     const Tensor& weights_t = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckRanks(rows_t, "rows", inverse_t, splits_t, weights_t));
+    OP_REQUIRES_OK(ctx, CheckCombineInputs(rows_t, "rows", inverse_t, splits_t, weights_t));
     std::vector<int32_t> bag_of;
     std::vector<float> coefficient;
     OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(
@@ -231,17 +193,9 @@ class EmbeddingCombineGradOp : public OpKernel {
     const Tensor& splits_t = ctx->input(2);
     const Tensor& weights_t = ctx->input(3);
     const Tensor& num_unique_t = ctx->input(4);
-    OP_REQUIRES_OK(ctx, CheckRanks(grad_t, "grad", inverse_t, splits_t, weights_t));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(num_unique_t.shape()),
-                InvalidArgument("num_unique must be a scalar"));
-    const int64_t num_unique = num_unique_t.scalar<int32_t>()();
-    OP_REQUIRES(ctx, num_unique >= 0,
-                InvalidArgument("num_unique must be >= 0, got ", num_unique));
-    const int64_t batch = splits_t.NumElements() - 1;
-    OP_REQUIRES(ctx, grad_t.dim_size(0) == batch,
-                InvalidArgument("grad has ", grad_t.dim_size(0),
-                                " rows but row_splits describes ", batch,
-                                " samples"));
+    int64_t num_unique;
+    OP_REQUIRES_OK(ctx, CheckCombineGradInputs(grad_t, inverse_t, splits_t, weights_t,
+                                               num_unique_t, &num_unique));
     std::vector<int32_t> bag_of;
     std::vector<float> coefficient;
     OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(inverse_t, splits_t,

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common.h"
+#include "input_checks.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -51,19 +52,10 @@ class PartitionByShardOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& ids_t = ctx->input(0);
     const Tensor& num_shards_t = ctx->input(1);
-    OP_REQUIRES(ctx, ids_t.dims() == 1,
-                InvalidArgument("ids must be a vector, got shape ",
-                                ids_t.shape().DebugString()));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(num_shards_t.shape()),
-                InvalidArgument("num_shards must be a scalar, got shape ",
-                                num_shards_t.shape().DebugString()));
-    const int32_t num_shards = num_shards_t.scalar<int32_t>()();
-    OP_REQUIRES(ctx, num_shards > 0,
-                InvalidArgument("num_shards must be positive, got ", num_shards));
+    OP_REQUIRES_OK(ctx, CheckIdVector(ids_t));
+    int32_t num_shards;
+    OP_REQUIRES_OK(ctx, ReadNumShards(num_shards_t, &num_shards));
     const int64_t n = ids_t.NumElements();
-    OP_REQUIRES(ctx, n < std::numeric_limits<int32_t>::max(),
-                InvalidArgument("ids has ", n,
-                                " elements; at most 2^31 - 2 are supported"));
     const Id* ids = ids_t.flat<Id>().data();
     if (!dynamic_) {
       for (int64_t i = 0; i < n; ++i) {

@@ -12,6 +12,7 @@
 
 #include "common.h"
 #include "tensorflow/core/framework/op.h"
+#include "input_checks.h"
 #include "sparse_updates.h"
 #include "variables.h"
 
@@ -133,27 +134,11 @@ class SparseApplyOp : public OpKernel {
     const Tensor& indices_t = ctx->input(kNumVars);
     const Tensor& grad_t = ctx->input(kNumVars + 1);
     const Tensor& grad_rows_t = ctx->input(kNumVars + 2);
-    OP_REQUIRES(ctx, indices_t.dims() == 1,
-                InvalidArgument("indices must be a vector, got shape ",
-                                indices_t.shape().DebugString()));
-    OP_REQUIRES(ctx, grad_t.dims() == 2,
-                InvalidArgument("grad must be a matrix, got shape ",
-                                grad_t.shape().DebugString()));
+    bool select;
+    OP_REQUIRES_OK(ctx, CheckUpdateInputs(indices_t, grad_t, grad_rows_t, "indices", &select));
+    OP_REQUIRES_OK(ctx, CheckGradRowsRange(grad_rows_t, grad_t.dim_size(0)));
     const int64_t n = indices_t.NumElements();
-    OP_REQUIRES(ctx, grad_rows_t.dims() == 1,
-                InvalidArgument("grad_rows must be a vector, got shape ",
-                                grad_rows_t.shape().DebugString()));
-    const bool select = grad_rows_t.NumElements() > 0;
-    OP_REQUIRES(ctx, select ? grad_rows_t.NumElements() == n : grad_t.dim_size(0) == n,
-                InvalidArgument("grad has ", grad_t.dim_size(0), " rows and grad_rows ",
-                                grad_rows_t.NumElements(), " entries but there are ",
-                                n, " indices"));
     const int32_t* grad_rows = select ? grad_rows_t.flat<int32_t>().data() : nullptr;
-    for (int64_t i = 0; select && i < n; ++i) {
-      OP_REQUIRES(ctx, grad_rows[i] >= 0 && grad_rows[i] < grad_t.dim_size(0),
-                  InvalidArgument("grad_rows[", i, "] = ", grad_rows[i],
-                                  " is out of range [0, ", grad_t.dim_size(0), ")"));
-    }
 
     LockedVariables vars;
     OP_REQUIRES_OK(ctx, vars.Acquire(ctx, 0, kNumVars, LockMode::kExclusive));

@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "common.h"
+#include "kernel_params.h"
 
 namespace tfde {
 
@@ -29,9 +30,7 @@ inline Status ReadScalar(OpKernelContext* ctx, int input, const char* name, floa
 // rows[0] is the table row, rows[1..] the slot rows, in input order.
 struct SgdUpdate {
   static constexpr int kNumVars = 1;
-  struct Params {
-    float lr;
-  };
+  using Params = SgdParams;
   static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
     return ReadScalar(ctx, first, "learning_rate", &p->lr);
   }
@@ -44,9 +43,7 @@ struct SgdUpdate {
 
 struct AdagradUpdate {
   static constexpr int kNumVars = 2;
-  struct Params {
-    float lr, epsilon;
-  };
+  using Params = AdagradParams;
   static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
     TF_RETURN_IF_ERROR(ReadScalar(ctx, first, "learning_rate", &p->lr));
     return ReadScalar(ctx, first + 1, "epsilon", &p->epsilon);
@@ -64,23 +61,18 @@ struct AdagradUpdate {
 
 struct LazyAdamUpdate {
   static constexpr int kNumVars = 3;
-  struct Params {
-    float beta_1, beta_2, epsilon, alpha;
-  };
+  using Params = LazyAdamParams;
   static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
-    float lr, step;
+    float lr, beta_1, beta_2, epsilon, step;
     TF_RETURN_IF_ERROR(ReadScalar(ctx, first, "learning_rate", &lr));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 1, "beta_1", &p->beta_1));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 2, "beta_2", &p->beta_2));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 3, "epsilon", &p->epsilon));
+    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 1, "beta_1", &beta_1));
+    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 2, "beta_2", &beta_2));
+    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 3, "epsilon", &epsilon));
     TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 4, "step", &step));
     if (!(step >= 1.0f)) {
       return InvalidArgument("step must be >= 1 (1-based), got ", step);
     }
-    // Bias correction in float, as Keras computes it.
-    const float beta_1_power = std::pow(p->beta_1, step);
-    const float beta_2_power = std::pow(p->beta_2, step);
-    p->alpha = lr * std::sqrt(1.0f - beta_2_power) / (1.0f - beta_1_power);
+    *p = MakeLazyAdamParams(lr, beta_1, beta_2, epsilon, step);
     return absl::OkStatus();
   }
   static void Row(const Params& p, float* const* rows, const float* g,
@@ -98,22 +90,19 @@ struct LazyAdamUpdate {
 
 struct FtrlUpdate {
   static constexpr int kNumVars = 3;
-  struct Params {
-    float lr, l1, l2_shrinkage, lr_power, l2_total;
-  };
+  using Params = FtrlParams;
   static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
-    float l2, beta;
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first, "learning_rate", &p->lr));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 1, "l1", &p->l1));
+    float lr, l1, l2, l2_shrinkage, beta, power;
+    TF_RETURN_IF_ERROR(ReadScalar(ctx, first, "learning_rate", &lr));
+    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 1, "l1", &l1));
     TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 2, "l2", &l2));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 3, "l2_shrinkage", &p->l2_shrinkage));
+    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 3, "l2_shrinkage", &l2_shrinkage));
     TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 4, "beta", &beta));
-    TF_RETURN_IF_ERROR(
-        ReadScalar(ctx, first + 5, "learning_rate_power", &p->lr_power));
-    if (!(p->lr > 0.0f)) {
-      return InvalidArgument("learning_rate must be positive, got ", p->lr);
+    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 5, "learning_rate_power", &power));
+    if (!(lr > 0.0f)) {
+      return InvalidArgument("learning_rate must be positive, got ", lr);
     }
-    p->l2_total = l2 + beta / (2.0f * p->lr);
+    *p = MakeFtrlParams(lr, l1, l2, l2_shrinkage, beta, power);
     return absl::OkStatus();
   }
   static void Row(const Params& p, float* const* rows, const float* g,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common.h"
+#include "input_checks.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -48,13 +49,8 @@ class UniqueWithCountsOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& ids_t = ctx->input(0);
-    OP_REQUIRES(ctx, ids_t.dims() == 1,
-                InvalidArgument("ids must be a vector, got shape ",
-                                ids_t.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckIdVector(ids_t));
     const int64_t n = ids_t.NumElements();
-    OP_REQUIRES(ctx, n < std::numeric_limits<int32_t>::max(),
-                InvalidArgument("ids has ", n,
-                                " elements; at most 2^31 - 2 are supported"));
     const Id* ids = ids_t.flat<Id>().data();
 
     Tensor* inverse_t = nullptr;

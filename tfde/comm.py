@@ -144,6 +144,29 @@ class Communicator(abc.ABC):
     return tf.stack([tf.convert_to_tensor(values_by_replica[r])
                      for r in range(self.num_replicas)])
 
+  def concat_replica_values(self, parts_by_replica):
+    """Every replica's parts, each concatenated along axis 0 in replica
+    order, given this process's {replica: [part, ...]}. Parts may differ in
+    length between replicas. Cross-replica context; every process calls it.
+
+    One gather of all the lengths, then one per part, padded to the longest
+    (and to at least one row: a collective of an empty tensor crashes
+    MultiWorkerMirroredStrategy)."""
+    sizes = self.gather_replica_values(
+        {r: tf.stack([tf.shape(p, out_type=tf.int32)[0] for p in parts])
+         for r, parts in parts_by_replica.items()})  # [N, parts]
+    results = []
+    for k in range(len(next(iter(parts_by_replica.values())))):
+      longest = tf.maximum(tf.reduce_max(sizes[:, k]), 1)
+
+      def padded(x, longest=longest):
+        return tf.pad(x, [[0, longest - tf.shape(x)[0]]] + [[0, 0]] * (x.shape.rank - 1))
+
+      stacked = self.gather_replica_values(
+          {r: padded(parts[k]) for r, parts in parts_by_replica.items()})
+      results.append(tf.boolean_mask(stacked, tf.sequence_mask(sizes[:, k], longest)))
+    return results
+
   def bytes_sent(self):
     """Bytes this process has sent to other replicas so far."""
     return int(self._bytes_sent.numpy())

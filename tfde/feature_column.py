@@ -122,8 +122,7 @@ def _lookup_group(group, builder, weight_collections, trainable):
     for column in members:
       pair = column.categorical_column._get_sparse_tensors(  # pylint: disable=protected-access
           builder, weight_collections, trainable)
-      ids = tf.cast(pair.id_tensor, tf.int64) if pair.id_tensor.dtype != tf.int64 \
-          else pair.id_tensor
+      ids = tf.cast(pair.id_tensor, tf.int64)
       if ids.shape.rank not in (None, 2):
         raise ValueError(f"embedding column {column.name}: grouped columns take "
                          f"[batch, k] ids, got rank {ids.shape.rank}")

@@ -161,6 +161,63 @@ def check_id_range(ids, vocabulary_size, feature_name, table_name):
     return tf.identity(ids)
 
 
+@dataclasses.dataclass
+class Routed:
+  """The result of stage 1 for one replica.
+
+  Attributes:
+    requested: what this replica serves: local rows (static tables) or ids
+      (dynamic tables), grouped by the replica that asked.
+    counts: their sightings in the batch (dynamic tables), else None.
+    answer_index: where each of this replica's ids finds its row among the
+      answers of stage 3.
+    plan: the exchange, or None when this replica owns every row.
+  """
+  requested: tf.Tensor
+  counts: object
+  answer_index: tf.Tensor
+  plan: object
+
+
+def route_to_owners(comm, unique, inverse, num_shards, counts=None, dynamic=False):
+  """Stage 1, input distribution: the unique ids (with their counts, if
+  given) grouped by owner, `id mod N`, and sent to it."""
+  if num_shards == 1:
+    # This replica owns every row: nothing to route, and the requests are
+    # already unique.
+    return Routed(unique, counts, inverse, None)
+  owner_ids, send_counts, positions = ops.partition_by_shard(unique, num_shards,
+                                                             dynamic=dynamic)
+  plan = comm.plan(send_counts)
+  if counts is None:
+    requested, requested_counts = comm.all_to_all(owner_ids, plan), None
+  else:
+    # Ids and counts travel together, as the two columns of one tensor.
+    grouped_counts = tf.scatter_nd(positions[:, None], counts, tf.shape(counts))
+    received = comm.all_to_all(tf.stack([owner_ids, grouped_counts], 1), plan)
+    requested, requested_counts = received[:, 0], received[:, 1]
+  # Where each id's row will arrive: composing the two permutations spares
+  # copying the answered rows back into unique order.
+  return Routed(requested, requested_counts, tf.gather(positions, inverse), plan)
+
+
+def answer_requesters(comm, rows, routed):
+  """Stage 3, output distribution: the rows served go back to the replicas
+  that asked for them."""
+  return rows if routed.plan is None else comm.all_to_all(rows, routed.plan.reversed())
+
+
+def gradients_to_owners(comm, answer_grad, routed):
+  """The backward of stages 1 to 3: (the distinct rows or ids this replica
+  serves, their gradients summed over every replica that asked)."""
+  if routed.plan is None:
+    return routed.requested, answer_grad
+  owner_grad = comm.all_to_all(answer_grad, routed.plan)
+  # Several replicas may have asked for the same row.
+  owned, owned_inverse, _ = ops.unique_with_counts(routed.requested)
+  return owned, tf.math.unsorted_segment_sum(owner_grad, owned_inverse, tf.size(owned))
+
+
 class _Group:
   """Tables of one width, looked up together: one exchange for sharded
   tables, one gradient all-gather for replicated ones."""
@@ -370,45 +427,25 @@ class ShardedLookup(tf.Module):
       # 1. Input distribution: dedup, group the unique ids by owner, and
       #    send each owner the local rows it must serve.
       unique, inverse, _ = ops.unique_with_counts(fused_ids)
-      if num_shards == 1:
-        # This replica owns every row: nothing to route, and the requests
-        # are already unique.
-        requested, answer_index, plan = unique, inverse, None
-      else:
-        owner_rows, send_counts, positions = ops.partition_by_shard(
-            unique, num_shards)
-        plan = comm.plan(send_counts)
-        requested = comm.all_to_all(owner_rows, plan)
-        # Where each id's row will arrive: composing the two permutations
-        # spares copying the answered rows back into unique order.
-        answer_index = tf.gather(positions, inverse)
+      routed = route_to_owners(comm, unique, inverse, num_shards)
       # 2. Local compute.
-      rows = self._gather_owned(group, replica, requested)
+      rows = self._gather_owned(group, replica, routed.requested)
       # 3. Output distribution.
-      answered = rows if plan is None else comm.all_to_all(rows, plan.reversed())
-      indices = tf.split(answer_index, sizes) if len(features) > 1 else [answer_index]
-      outputs = [ops.embedding_combine(answered, idx, f.row_splits, f.weights, c)
-                 for f, idx, c in zip(features, indices, combiners)]
+      answered = answer_requesters(comm, rows, routed)
+      outputs = self._combine(features, answered, routed.answer_index, sizes, combiners)
 
       def grad_fn(*output_grads, variables=None):
         # One gradient row per answered row, so already grouped by owner.
-        answer_grad = self._answer_grad(features, output_grads, answer_index,
+        answer_grad = self._answer_grad(features, output_grads, routed.answer_index,
                                         combiners, answered)
-        if plan is None:
-          owned, summed = requested, answer_grad
-          if group.replicated and comm.num_replicas > 1:
-            # Every copy applies the same update: the gradients of all
-            # replicas, summed per row in replica order on each of them.
-            every_row = comm.all_gather(owned)
-            every_grad = comm.all_gather(answer_grad)
-            owned, owned_inverse, _ = ops.unique_with_counts(every_row)
-            summed = tf.math.unsorted_segment_sum(every_grad, owned_inverse,
-                                                  tf.size(owned))
-        else:
-          owner_grad = comm.all_to_all(answer_grad, plan)
-          # Several replicas may have asked for the same row.
-          owned, owned_inverse, _ = ops.unique_with_counts(requested)
-          summed = tf.math.unsorted_segment_sum(owner_grad, owned_inverse,
+        owned, summed = gradients_to_owners(comm, answer_grad, routed)
+        if group.replicated and comm.num_replicas > 1:
+          # Every copy applies the same update: the gradients of all
+          # replicas, summed per row in replica order on each of them.
+          every_row = comm.all_gather(owned)
+          every_grad = comm.all_gather(answer_grad)
+          owned, owned_inverse, _ = ops.unique_with_counts(every_row)
+          summed = tf.math.unsorted_segment_sum(every_grad, owned_inverse,
                                                 tf.size(owned))
         per_table = self._split_by_table(group, owned)
         variables = variables or []
@@ -450,40 +487,21 @@ class ShardedLookup(tf.Module):
     def lookup(trigger_value):
       # 1. Input distribution: unique ids with their counts, to their owners.
       unique, inverse, counts = ops.unique_with_counts(ids)
-      counts = tf.cast(counts, tf.int64)
-      if num_shards == 1:
-        requested, requested_counts, answer_index, plan = unique, counts, inverse, None
-      else:
-        owner_ids, send_counts, positions = ops.partition_by_shard(
-            unique, num_shards, dynamic=True)
-        grouped_counts = tf.scatter_nd(positions[:, None], counts, tf.shape(counts))
-        plan = comm.plan(send_counts)
-        # Ids and counts travel together, as the two columns of one tensor.
-        received = comm.all_to_all(tf.stack([owner_ids, grouped_counts], 1), plan)
-        requested, requested_counts = received[:, 0], received[:, 1]
-        answer_index = tf.gather(positions, inverse)
+      routed = route_to_owners(comm, unique, inverse, num_shards,
+                               counts=tf.cast(counts, tf.int64), dynamic=True)
       # 2. Local compute: find (or, training, admit and create) the rows.
       if not self.train_in_backward:
         # Gradients go to the shard's stand-in variable (SOK style).
         tape_lib.variable_accessed(table.gradient_variables[replica])
-      rows = table.lookup_shard(replica, requested, requested_counts, training)
+      rows = table.lookup_shard(replica, routed.requested, routed.counts, training)
       # 3. Output distribution.
-      answered = rows if plan is None else comm.all_to_all(rows, plan.reversed())
-      indices = tf.split(answer_index, sizes) if len(features) > 1 else [answer_index]
-      outputs = [ops.embedding_combine(answered, idx, f.row_splits, f.weights, c)
-                 for f, idx, c in zip(features, indices, combiners)]
+      answered = answer_requesters(comm, rows, routed)
+      outputs = self._combine(features, answered, routed.answer_index, sizes, combiners)
 
       def grad_fn(*output_grads, variables=None):
-        answer_grad = self._answer_grad(features, output_grads, answer_index,
+        answer_grad = self._answer_grad(features, output_grads, routed.answer_index,
                                         combiners, answered)
-        if plan is None:
-          owned, summed = requested, answer_grad
-        else:
-          owner_grad = comm.all_to_all(answer_grad, plan)
-          # Several replicas may have asked for the same id.
-          owned, owned_inverse, _ = ops.unique_with_counts(requested)
-          summed = tf.math.unsorted_segment_sum(owner_grad, owned_inverse,
-                                                tf.size(owned))
+        owned, summed = gradients_to_owners(comm, answer_grad, routed)
         variables = variables or []
         if not self.train_in_backward:
           stand_in = table.gradient_variables[replica]
@@ -498,6 +516,13 @@ class ShardedLookup(tf.Module):
       return outputs, grad_fn
 
     return lookup(trigger)
+
+  @staticmethod
+  def _combine(features, answered, answer_index, sizes, combiners):
+    """Each feature's [batch, dim] output from the rows answered for it."""
+    indices = tf.split(answer_index, sizes) if len(features) > 1 else [answer_index]
+    return [ops.embedding_combine(answered, idx, f.row_splits, f.weights, c)
+            for f, idx, c in zip(features, indices, combiners)]
 
   def _gather_owned(self, group, replica, local_rows):
     shards = [t.shard(replica) for t in group.tables]

@@ -450,9 +450,7 @@ class DynamicTable(tf.Module):
     """Rows of `ids` (routed to this replica) from its shard. In training
     each id counts `counts[i]` sightings at the coming step, which may
     admit it (create its row); otherwise nothing changes."""
-    with tf.device(self.comm.replica_device(replica)):
-      step = tf.convert_to_tensor(self.steps[replica]) + 1
-      return self.stores[replica].lookup(ids, counts, step, insert=training)
+    return self.lookup_shard_with_addresses(replica, ids, counts, training)[0]
 
   def lookup_shard_with_addresses(self, replica, ids, counts, training):
     """lookup_shard's rows, and the addresses of the ids' rows after it (-1
@@ -461,8 +459,7 @@ class DynamicTable(tf.Module):
     this lookup created."""
     with tf.device(self.comm.replica_device(replica)):
       step = tf.convert_to_tensor(self.steps[replica]) + 1
-      return self.stores[replica].lookup_with_addresses(ids, counts, step,
-                                                         insert=training)
+      return self.stores[replica].lookup(ids, counts, step, insert=training)
 
   def apply_shard_update(self, replica, ids, grads, optimizer=None, grad_rows=None,
                          by_address=False):
@@ -509,22 +506,9 @@ class DynamicTable(tf.Module):
   def _gathered(self):
     """Every shard's export, concatenated and sorted by id (a collective
     when shards live in other processes)."""
-    exports = {r: dict(zip(self._FIELDS, s.export())) for r, s in self.stores.items()}
-    whole = {}
-    for field in self._FIELDS:
-      sizes = self.comm.gather_replica_values(
-          {r: tf.shape(e[field], out_type=tf.int32)[0] for r, e in exports.items()})
-      # At least one row: collectives of empty tensors crash
-      # MultiWorkerMirroredStrategy (seen restoring into empty tables).
-      longest = tf.maximum(tf.reduce_max(sizes), 1)
-
-      def padded(x, longest=longest):
-        pad = [[0, longest - tf.shape(x)[0]]] + [[0, 0]] * (len(x.shape) - 1)
-        return tf.pad(x, pad)
-
-      stacked = self.comm.gather_replica_values(
-          {r: padded(e[field]) for r, e in exports.items()})
-      whole[field] = tf.boolean_mask(stacked, tf.sequence_mask(sizes, longest))
+    parts = self.comm.concat_replica_values(
+        {r: list(s.export()) for r, s in self.stores.items()})
+    whole = dict(zip(self._FIELDS, parts))
     order = tf.argsort(whole["ids"], stable=True)
     pending_order = tf.argsort(whole["pending_ids"], stable=True)
     for field in self._FIELDS:

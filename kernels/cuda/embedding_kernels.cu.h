@@ -21,14 +21,22 @@
 
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
+
+#include "../kernel_params.h"
 
 namespace tfde {
 namespace gpu {
 
-enum class Combiner : int { kSum = 0, kMean = 1, kSqrtn = 2 };
+// The combiner and the optimizers' parameters are the CPU kernels' own.
+using ::tfde::AdagradParams;
+using ::tfde::Combiner;
+using ::tfde::FtrlParams;
+using ::tfde::LazyAdamParams;
+using ::tfde::MakeFtrlParams;
+using ::tfde::MakeLazyAdamParams;
+using ::tfde::SgdParams;
 
 // first_bad holds the lowest offending position, or kNoError.
 constexpr unsigned long long kNoError = ~0ull;
@@ -128,24 +136,6 @@ cudaError_t EmbeddingCombineGrad(cudaStream_t stream, const T* grad, int64_t dim
 // Keras 3 formulas, as kernels/sparse_optimizer_ops.cc. vars[0] is the table,
 // vars[1..] its slots, all [num_rows, dim]. grad_rows == nullptr means
 // indices[i] takes grad row i. Callers check ranges and repeats first.
-
-struct SgdParams { float lr; };
-struct AdagradParams { float lr, epsilon; };
-struct LazyAdamParams { float beta_1, beta_2, epsilon, alpha; };
-struct FtrlParams { float lr, l1, l2_shrinkage, lr_power, l2_total; };
-
-// Bias correction in float, as Keras computes it; step is 1-based.
-inline LazyAdamParams MakeLazyAdamParams(float lr, float beta_1, float beta_2,
-                                         float epsilon, float step) {
-  const float alpha = lr * std::sqrt(1.0f - std::pow(beta_2, step)) /
-                      (1.0f - std::pow(beta_1, step));
-  return LazyAdamParams{beta_1, beta_2, epsilon, alpha};
-}
-
-inline FtrlParams MakeFtrlParams(float lr, float l1, float l2, float l2_shrinkage,
-                                 float beta, float learning_rate_power) {
-  return FtrlParams{lr, l1, l2_shrinkage, learning_rate_power, l2 + beta / (2.0f * lr)};
-}
 
 template <typename Index, typename Params>
 cudaError_t SparseApply(cudaStream_t stream, const Params& params,

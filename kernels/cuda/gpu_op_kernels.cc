@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "../common.h"
+#include "../input_checks.h"
+#include "../sparse_updates.h"
 #include "../variables.h"
 #include "embedding_kernels.cu.h"
 #include "unsupported/Eigen/CXX11/Tensor"
@@ -125,12 +127,8 @@ class UniqueWithCountsGpuOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& ids_t = ctx->input(0);
-    OP_REQUIRES(ctx, ids_t.dims() == 1,
-                InvalidArgument("ids must be a vector, got shape ",
-                                ids_t.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckIdVector(ids_t));
     const int64_t n = ids_t.NumElements();
-    OP_REQUIRES(ctx, n < std::numeric_limits<int32_t>::max(),
-                InvalidArgument("ids has ", n, " elements; at most 2^31 - 2 are supported"));
     Tensor unique_buf, counts_buf, num_unique_dev;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(ids_t.dtype(), TensorShape({n}), &unique_buf));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT32, TensorShape({n}), &counts_buf));
@@ -174,18 +172,10 @@ class PartitionByShardGpuOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& ids_t = ctx->input(0);
     const Tensor& num_shards_t = ctx->input(1);
-    OP_REQUIRES(ctx, ids_t.dims() == 1,
-                InvalidArgument("ids must be a vector, got shape ",
-                                ids_t.shape().DebugString()));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(num_shards_t.shape()),
-                InvalidArgument("num_shards must be a scalar, got shape ",
-                                num_shards_t.shape().DebugString()));
-    const int32_t num_shards = num_shards_t.scalar<int32_t>()();
-    OP_REQUIRES(ctx, num_shards > 0,
-                InvalidArgument("num_shards must be positive, got ", num_shards));
+    OP_REQUIRES_OK(ctx, CheckIdVector(ids_t));
+    int32_t num_shards;
+    OP_REQUIRES_OK(ctx, ReadNumShards(num_shards_t, &num_shards));
     const int64_t n = ids_t.NumElements();
-    OP_REQUIRES(ctx, n < std::numeric_limits<int32_t>::max(),
-                InvalidArgument("ids has ", n, " elements; at most 2^31 - 2 are supported"));
     cudaStream_t stream = StreamOf(ctx);
     if (!dynamic_) {
       DeviceChecks checks;
@@ -219,36 +209,16 @@ class PartitionByShardGpuOp : public OpKernel {
 
 // ---- combine ----
 
-Status ParseCombiner(const std::string& name, gpu::Combiner* out) {
-  if (name == "sum") *out = gpu::Combiner::kSum;
-  else if (name == "mean") *out = gpu::Combiner::kMean;
-  else if (name == "sqrtn") *out = gpu::Combiner::kSqrtn;
-  else return InvalidArgument("unknown combiner ", name);
-  return absl::OkStatus();
-}
-
-// Checks row splits, the inverse index against `num_rows` and the weights,
-// then computes each id's sample and coefficient.
+// After the shape checks (CheckCombineInputs): checks the row splits and
+// the inverse index against `num_rows` on the device, then computes each
+// id's sample and coefficient.
 template <typename Split>
 Status PrepareCombine(OpKernelContext* ctx, const Tensor& inverse_t, const Tensor& splits_t,
                       const Tensor& weights_t, int64_t num_rows, gpu::Combiner combiner,
                       Tensor* bag_of, Tensor* coefficient) {
-  if (inverse_t.dims() != 1 || splits_t.dims() != 1 || weights_t.dims() != 1) {
-    return InvalidArgument("inverse, row_splits and weights must be vectors, got shapes ",
-                           inverse_t.shape().DebugString(), ", ",
-                           splits_t.shape().DebugString(), ", ",
-                           weights_t.shape().DebugString());
-  }
-  if (splits_t.NumElements() < 1) {
-    return InvalidArgument("row_splits must have at least one element");
-  }
   const int64_t n = inverse_t.NumElements();
   const int64_t batch = splits_t.NumElements() - 1;
   const int64_t num_weights = weights_t.NumElements();
-  if (num_weights != 0 && num_weights != n) {
-    return InvalidArgument("weights has ", num_weights, " elements but there are ", n,
-                           " ids; pass one weight per id or none");
-  }
   cudaStream_t stream = StreamOf(ctx);
   DeviceChecks checks;
   TF_RETURN_IF_ERROR(checks.Init(ctx, 2));
@@ -298,9 +268,7 @@ class EmbeddingCombineGpuOp : public OpKernel {
     const Tensor& rows_t = ctx->input(0);
     const Tensor& inverse_t = ctx->input(1);
     const Tensor& splits_t = ctx->input(2);
-    OP_REQUIRES(ctx, rows_t.dims() == 2,
-                InvalidArgument("rows must be a matrix, got shape ",
-                                rows_t.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckCombineInputs(rows_t, "rows", inverse_t, splits_t, ctx->input(3)));
     Tensor bag_of, coefficient;
     OP_REQUIRES_OK(ctx, PrepareCombine<Split>(ctx, inverse_t, splits_t, ctx->input(3),
                                               rows_t.dim_size(0), combiner_, &bag_of,
@@ -335,18 +303,9 @@ class EmbeddingCombineGradGpuOp : public OpKernel {
     const Tensor& inverse_t = ctx->input(1);
     const Tensor& splits_t = ctx->input(2);
     const Tensor& num_unique_t = ctx->input(4);
-    OP_REQUIRES(ctx, grad_t.dims() == 2,
-                InvalidArgument("grad must be a matrix, got shape ",
-                                grad_t.shape().DebugString()));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(num_unique_t.shape()),
-                InvalidArgument("num_unique must be a scalar"));
-    const int64_t num_unique = num_unique_t.scalar<int32_t>()();
-    OP_REQUIRES(ctx, num_unique >= 0,
-                InvalidArgument("num_unique must be >= 0, got ", num_unique));
-    const int64_t batch = splits_t.NumElements() - 1;
-    OP_REQUIRES(ctx, grad_t.dim_size(0) == batch,
-                InvalidArgument("grad has ", grad_t.dim_size(0),
-                                " rows but row_splits describes ", batch, " samples"));
+    int64_t num_unique;
+    OP_REQUIRES_OK(ctx, CheckCombineGradInputs(grad_t, inverse_t, splits_t, ctx->input(3),
+                                               num_unique_t, &num_unique));
     Tensor bag_of, coefficient;
     OP_REQUIRES_OK(ctx, PrepareCombine<Split>(ctx, inverse_t, splits_t, ctx->input(3),
                                               num_unique, combiner_, &bag_of, &coefficient));
@@ -440,64 +399,8 @@ class GatherFromTablesGpuOp : public OpKernel {
 
 // ---- sparse optimizers ----
 
-Status ReadScalar(OpKernelContext* ctx, int input, const char* name, float* out) {
-  const Tensor& t = ctx->input(input);
-  if (!TensorShapeUtils::IsScalar(t.shape())) {
-    return InvalidArgument(name, " must be a scalar, got shape ", t.shape().DebugString());
-  }
-  *out = t.scalar<float>()();
-  return absl::OkStatus();
-}
-
-struct SgdGpu {
-  static constexpr int kNumVars = 1;
-  using Params = gpu::SgdParams;
-  static Status Read(OpKernelContext* ctx, int first, Params* p) {
-    return ReadScalar(ctx, first, "learning_rate", &p->lr);
-  }
-};
-
-struct AdagradGpu {
-  static constexpr int kNumVars = 2;
-  using Params = gpu::AdagradParams;
-  static Status Read(OpKernelContext* ctx, int first, Params* p) {
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first, "learning_rate", &p->lr));
-    return ReadScalar(ctx, first + 1, "epsilon", &p->epsilon);
-  }
-};
-
-struct LazyAdamGpu {
-  static constexpr int kNumVars = 3;
-  using Params = gpu::LazyAdamParams;
-  static Status Read(OpKernelContext* ctx, int first, Params* p) {
-    float lr, beta_1, beta_2, epsilon, step;
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first, "learning_rate", &lr));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 1, "beta_1", &beta_1));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 2, "beta_2", &beta_2));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 3, "epsilon", &epsilon));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 4, "step", &step));
-    if (!(step >= 1.0f)) return InvalidArgument("step must be >= 1 (1-based), got ", step);
-    *p = gpu::MakeLazyAdamParams(lr, beta_1, beta_2, epsilon, step);
-    return absl::OkStatus();
-  }
-};
-
-struct FtrlGpu {
-  static constexpr int kNumVars = 3;
-  using Params = gpu::FtrlParams;
-  static Status Read(OpKernelContext* ctx, int first, Params* p) {
-    float lr, l1, l2, shrinkage, beta, power;
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first, "learning_rate", &lr));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 1, "l1", &l1));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 2, "l2", &l2));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 3, "l2_shrinkage", &shrinkage));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 4, "beta", &beta));
-    TF_RETURN_IF_ERROR(ReadScalar(ctx, first + 5, "learning_rate_power", &power));
-    if (!(lr > 0.0f)) return InvalidArgument("learning_rate must be positive, got ", lr);
-    *p = gpu::MakeFtrlParams(lr, l1, l2, shrinkage, beta, power);
-    return absl::OkStatus();
-  }
-};
+// The optimizers' scalar inputs are read as the CPU kernels read them
+// (sparse_updates.h); their Params are the launchers' (kernel_params.h).
 
 template <typename Index, typename Update>
 class SparseApplyGpuOp : public OpKernel {
@@ -507,25 +410,13 @@ class SparseApplyGpuOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     constexpr int kNumVars = Update::kNumVars;
     typename Update::Params params;
-    OP_REQUIRES_OK(ctx, Update::Read(ctx, kNumVars + 3, &params));
+    OP_REQUIRES_OK(ctx, Update::ReadParams(ctx, kNumVars + 3, &params));
     const Tensor& indices_t = ctx->input(kNumVars);
     const Tensor& grad_t = ctx->input(kNumVars + 1);
     const Tensor& grad_rows_t = ctx->input(kNumVars + 2);
-    OP_REQUIRES(ctx, indices_t.dims() == 1,
-                InvalidArgument("indices must be a vector, got shape ",
-                                indices_t.shape().DebugString()));
-    OP_REQUIRES(ctx, grad_t.dims() == 2,
-                InvalidArgument("grad must be a matrix, got shape ",
-                                grad_t.shape().DebugString()));
-    OP_REQUIRES(ctx, grad_rows_t.dims() == 1,
-                InvalidArgument("grad_rows must be a vector, got shape ",
-                                grad_rows_t.shape().DebugString()));
+    bool select;
+    OP_REQUIRES_OK(ctx, CheckUpdateInputs(indices_t, grad_t, grad_rows_t, "indices", &select));
     const int64_t n = indices_t.NumElements();
-    const bool select = grad_rows_t.NumElements() > 0;
-    OP_REQUIRES(ctx, select ? grad_rows_t.NumElements() == n : grad_t.dim_size(0) == n,
-                InvalidArgument("grad has ", grad_t.dim_size(0), " rows and grad_rows ",
-                                grad_rows_t.NumElements(), " entries but there are ", n,
-                                " indices"));
     LockedVariables vars;
     OP_REQUIRES_OK(ctx, vars.Acquire(ctx, 0, kNumVars, LockMode::kExclusive));
     for (int v = 1; v < kNumVars; ++v) {
@@ -634,12 +525,12 @@ TFDE_REGISTER_COMBINE_ALL_SPLITS(Eigen::bfloat16)
 #define TFDE_REGISTER_APPLY_ALL(op_name, Update, ...)        \
   TFDE_REGISTER_APPLY(op_name, Update, int32_t, __VA_ARGS__) \
   TFDE_REGISTER_APPLY(op_name, Update, int64_t, __VA_ARGS__)
-TFDE_REGISTER_APPLY_ALL("TfdeSparseApplySgd", SgdGpu, )
-TFDE_REGISTER_APPLY_ALL("TfdeSparseApplyAdagrad", AdagradGpu, .HostMemory("epsilon"))
-TFDE_REGISTER_APPLY_ALL("TfdeSparseApplyLazyAdam", LazyAdamGpu,
+TFDE_REGISTER_APPLY_ALL("TfdeSparseApplySgd", SgdUpdate, )
+TFDE_REGISTER_APPLY_ALL("TfdeSparseApplyAdagrad", AdagradUpdate, .HostMemory("epsilon"))
+TFDE_REGISTER_APPLY_ALL("TfdeSparseApplyLazyAdam", LazyAdamUpdate,
                         .HostMemory("beta_1").HostMemory("beta_2")
                         .HostMemory("epsilon").HostMemory("step"))
-TFDE_REGISTER_APPLY_ALL("TfdeSparseApplyFtrl", FtrlGpu,
+TFDE_REGISTER_APPLY_ALL("TfdeSparseApplyFtrl", FtrlUpdate,
                         .HostMemory("l1").HostMemory("l2").HostMemory("l2_shrinkage")
                         .HostMemory("beta").HostMemory("learning_rate_power"))
 #undef TFDE_REGISTER_APPLY_ALL

@@ -52,6 +52,7 @@ import tensorflow as tf
 
 from tfde import comm as comm_lib
 from tfde import config as config_lib
+from tfde import lookup as lookup_lib
 from tfde import ops
 from tfde import optimizers as optimizers_lib
 from tfde import tables as tables_lib
@@ -239,28 +240,18 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None,
   with tf.name_scope(name or f"sparse_lookup_{hashtable.name}"):
     flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
     unique, inverse, counts = ops.unique_with_counts(flat)
-    counts = tf.cast(counts, tf.int64)
     table = hashtable.table
     comm = table.comm
-    if comm.num_replicas == 1:
-      requested, requested_counts, answer_index, plan = unique, counts, inverse, None
-    else:
-      # Each id (and its sightings) to its owner, by id mod N.
-      owner_ids, send_counts, positions = ops.partition_by_shard(
-          unique, comm.num_replicas, dynamic=True)
-      grouped_counts = tf.scatter_nd(positions[:, None], counts, tf.shape(counts))
-      plan = comm.plan(send_counts)
-      received = comm.all_to_all(tf.stack([owner_ids, grouped_counts], 1), plan)
-      requested, requested_counts = received[:, 0], received[:, 1]
-      answer_index = tf.gather(positions, inverse)
+    routed = lookup_lib.route_to_owners(comm, unique, inverse, comm.num_replicas,
+                                        counts=tf.cast(counts, tf.int64), dynamic=True)
     # The local embeddings are the rows this replica owns and serves; their
     # gradients come back through the reverse exchange.
     local, addresses = table.lookup_shard_with_addresses(
-        hashtable.replica, requested, requested_counts, training=is_train)
-    answered = local if plan is None else comm.all_to_all(local, plan.reversed())
+        hashtable.replica, routed.requested, routed.counts, training=is_train)
+    answered = lookup_lib.answer_requesters(comm, local, routed)
     if is_train:
       tf.compat.v1.add_to_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB, local)
       tf.compat.v1.add_to_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET, addresses)
       _ADDRESS_TABLES[addresses.ref()] = hashtable
-    rows = tf.gather(answered, answer_index)
+    rows = tf.gather(answered, routed.answer_index)
     return tf.reshape(rows, tf.concat([tf.shape(ids), [hashtable.dim]], 0))

@@ -39,6 +39,7 @@ them.
 import dataclasses
 import itertools
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -91,12 +92,7 @@ def Variable(initial_value=None, shape=None, dtype=tf.float32,  # pylint: disabl
       name=name or f"sok_variable_{next(_names)}", vocabulary_size=int(shape[0]),
       embedding_dim=int(shape[1]), combiner="sum",
       initializer=initial_value if initial_value is not None else initializer)
-  table = tables_lib.ShardedTable(config, comm_lib.current())
-  if len(table.shards) != 1:
-    raise ValueError("sok.Variable holds one shard per process; use "
-                     "tfde.layers under MirroredStrategy instead")
-  _TABLES.append(table)
-  return table.local_variables()[0]
+  return _process_shard(tables_lib.ShardedTable(config, comm_lib.current()), "Variable")
 
 
 def DynamicVariable(dimension, initializer=None, var_type=None,  # pylint: disable=invalid-name
@@ -113,7 +109,6 @@ def DynamicVariable(dimension, initializer=None, var_type=None,  # pylint: disab
   if key_type not in (tf.int64, tf.int32) or dtype != tf.float32:
     raise ValueError(f"DynamicVariable supports int64/int32 keys and float32 "
                      f"rows, got {key_type} and {dtype}")
-  import keras  # pylint: disable=g-import-not-at-top
   if initializer is None or initializer == "random":
     initializer = keras.initializers.RandomUniform(-0.05, 0.05)
   elif isinstance(initializer, (int, float)):
@@ -121,12 +116,18 @@ def DynamicVariable(dimension, initializer=None, var_type=None,  # pylint: disab
   config = config_lib.TableConfig(
       name=name or f"sok_dynamic_variable_{next(_names)}", vocabulary_size=None,
       embedding_dim=int(dimension), combiner="sum", initializer=initializer)
-  table = tables_lib.DynamicTable(config, comm_lib.current())
-  if len(table.stores) != 1:
-    raise ValueError("sok.DynamicVariable holds one shard per process; use "
+  return _process_shard(tables_lib.DynamicTable(config, comm_lib.current()),
+                        "DynamicVariable")
+
+
+def _process_shard(table, kind):
+  """The variable SOK hands out: this process's one shard of `table`."""
+  variables = table.local_variables()
+  if len(variables) != 1:
+    raise ValueError(f"sok.{kind} holds one shard per process; use "
                      "tfde.layers under MirroredStrategy instead")
   _TABLES.append(table)
-  return table.local_variables()[0]
+  return variables[0]
 
 
 _TABLES = []  # keeps tables alive as long as their shards are in use
@@ -203,12 +204,9 @@ def split_embedding_variable_from_others(variables):
 
 def Init(global_batch_size=None, **kwargs):  # pylint: disable=invalid-name
   """SOK v1's Init: one replica per process (Horovod once hvd.init() has
-  run, else a single process). global_batch_size is recorded; tfde needs
-  no preallocation from it."""
-  del kwargs
-  _initialized["global_batch_size"] = global_batch_size
-  if _initialized.get("comm_tool") is None:
-    _initialized["comm_tool"] = None
+  run, else a single process). global_batch_size is accepted: tfde
+  preallocates nothing from it."""
+  del global_batch_size, kwargs
 
 
 def _v1_table(name, dimension, max_vocabulary_size_per_gpu, use_hashtable,
@@ -225,18 +223,13 @@ def _v1_table(name, dimension, max_vocabulary_size_per_gpu, use_hashtable,
       embedding_dim=dimension, combiner=combiner, initializer=initializer)
 
 
-def _keras():
-  import keras  # pylint: disable=g-import-not-at-top
-  return keras
-
-
 class _EmbeddingLayerBase:
   """Shared by the v1 layers: one table, one explicit-gradient lookup."""
 
   def _make_lookup(self, config):
-    self._feature = config_lib.FeatureConfig(name="ids", table=config)
     self._lookup = lookup_lib.ShardedLookup(
-        [self._feature], train_in_backward=False, name=f"{self.name}_lookup")
+        [config_lib.FeatureConfig(name="ids", table=config)],
+        train_in_backward=False, name=f"{self.name}_lookup")
     self.table = self._lookup.tables[config.name]
     _TABLES.append(self.table)
 
@@ -244,72 +237,59 @@ class _EmbeddingLayerBase:
   def weights(self):  # Keras collects a model's variables through this
     return list(super().weights) + self.table.local_variables()
 
-  def _embed(self, ids, weights=None):
-    return self._lookup({"ids": ids}, {"ids": weights} if weights is not None else None)["ids"]
+  def _embed(self, ids):
+    return self._lookup({"ids": ids})["ids"]
 
 
-def _layer_class(keras):
-  class DistributedEmbedding(_EmbeddingLayerBase, keras.layers.Layer):
-    """SOK v1's sparse embedding layer: a SparseTensor of
-    [batch * slot_num, max_nnz] ids (each row one slot of one sample) ->
-    [batch, slot_num, embedding_vec_size], combining each slot's ids."""
+class DistributedEmbedding(_EmbeddingLayerBase, keras.layers.Layer):
+  """SOK v1's sparse embedding layer: a SparseTensor of
+  [batch * slot_num, max_nnz] ids (each row one slot of one sample) ->
+  [batch, slot_num, embedding_vec_size], combining each slot's ids."""
 
-    def __init__(self, combiner, max_vocabulary_size_per_gpu, embedding_vec_size,
-                 slot_num, max_nnz, max_feature_num=1, use_hashtable=True,
-                 key_dtype=None, embedding_initializer=None, **kwargs):
-      super().__init__(**kwargs)
-      del max_feature_num, key_dtype
-      if combiner not in config_lib.COMBINERS:
-        raise ValueError(f"combiner must be one of {config_lib.COMBINERS}, got {combiner!r}")
-      self.slot_num, self.max_nnz = int(slot_num), int(max_nnz)
-      self.embedding_vec_size = int(embedding_vec_size)
-      self._make_lookup(_v1_table(
-          f"{self.name}_table", self.embedding_vec_size, max_vocabulary_size_per_gpu,
-          use_hashtable, embedding_initializer, combiner))
+  def __init__(self, combiner, max_vocabulary_size_per_gpu, embedding_vec_size,
+               slot_num, max_nnz, max_feature_num=1, use_hashtable=True,
+               key_dtype=None, embedding_initializer=None, **kwargs):
+    super().__init__(**kwargs)
+    del max_feature_num, key_dtype
+    if combiner not in config_lib.COMBINERS:
+      raise ValueError(f"combiner must be one of {config_lib.COMBINERS}, got {combiner!r}")
+    self.slot_num, self.max_nnz = int(slot_num), int(max_nnz)
+    self.embedding_vec_size = int(embedding_vec_size)
+    self._make_lookup(_v1_table(
+        f"{self.name}_table", self.embedding_vec_size, max_vocabulary_size_per_gpu,
+        use_hashtable, embedding_initializer, combiner))
 
-    def call(self, inputs, training=None):
-      del training
-      if not isinstance(inputs, tf.SparseTensor):
-        raise ValueError(f"{self.name}: inputs must be a tf.SparseTensor of "
-                         f"[batch * slot_num, max_nnz] ids, got {type(inputs).__name__}")
-      out = self._embed(inputs)
-      return tf.reshape(out, [-1, self.slot_num, self.embedding_vec_size])
-
-  class All2AllDenseEmbedding(_EmbeddingLayerBase, keras.layers.Layer):
-    """SOK v1's dense embedding layer: ids [batch, slot_num, nnz_per_slot]
-    -> [batch, slot_num, nnz_per_slot, embedding_vec_size], one row per
-    id; with dynamic_input=True, ids [n] -> [n, embedding_vec_size]."""
-
-    def __init__(self, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num,
-                 nnz_per_slot, dynamic_input=False, use_hashtable=True,
-                 key_dtype=None, embedding_initializer=None, **kwargs):
-      super().__init__(**kwargs)
-      del key_dtype
-      self.slot_num, self.nnz_per_slot = int(slot_num), int(nnz_per_slot)
-      self.embedding_vec_size = int(embedding_vec_size)
-      self.dynamic_input = dynamic_input
-      self._make_lookup(_v1_table(
-          f"{self.name}_table", self.embedding_vec_size, max_vocabulary_size_per_gpu,
-          use_hashtable, embedding_initializer, "sum"))
-
-    def call(self, inputs, training=None):
-      del training
-      ids = tf.convert_to_tensor(inputs)
-      out = self._embed(tf.reshape(ids, [-1]))
-      if self.dynamic_input:
-        return out
-      return tf.reshape(out, [-1, self.slot_num, self.nnz_per_slot,
-                              self.embedding_vec_size])
-
-  return DistributedEmbedding, All2AllDenseEmbedding
+  def call(self, inputs, training=None):
+    del training
+    if not isinstance(inputs, tf.SparseTensor):
+      raise ValueError(f"{self.name}: inputs must be a tf.SparseTensor of "
+                       f"[batch * slot_num, max_nnz] ids, got {type(inputs).__name__}")
+    out = self._embed(inputs)
+    return tf.reshape(out, [-1, self.slot_num, self.embedding_vec_size])
 
 
-def __getattr__(name):
-  # The Keras layers are built on first use, so importing this module does
-  # not import Keras.
-  if name in ("DistributedEmbedding", "All2AllDenseEmbedding"):
-    classes = dict(zip(("DistributedEmbedding", "All2AllDenseEmbedding"),
-                       _layer_class(_keras())))
-    globals().update(classes)
-    return classes[name]
-  raise AttributeError(name)
+class All2AllDenseEmbedding(_EmbeddingLayerBase, keras.layers.Layer):
+  """SOK v1's dense embedding layer: ids [batch, slot_num, nnz_per_slot]
+  -> [batch, slot_num, nnz_per_slot, embedding_vec_size], one row per
+  id; with dynamic_input=True, ids [n] -> [n, embedding_vec_size]."""
+
+  def __init__(self, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num,
+               nnz_per_slot, dynamic_input=False, use_hashtable=True,
+               key_dtype=None, embedding_initializer=None, **kwargs):
+    super().__init__(**kwargs)
+    del key_dtype
+    self.slot_num, self.nnz_per_slot = int(slot_num), int(nnz_per_slot)
+    self.embedding_vec_size = int(embedding_vec_size)
+    self.dynamic_input = dynamic_input
+    self._make_lookup(_v1_table(
+        f"{self.name}_table", self.embedding_vec_size, max_vocabulary_size_per_gpu,
+        use_hashtable, embedding_initializer, "sum"))
+
+  def call(self, inputs, training=None):
+    del training
+    ids = tf.convert_to_tensor(inputs)
+    out = self._embed(tf.reshape(ids, [-1]))
+    if self.dynamic_input:
+      return out
+    return tf.reshape(out, [-1, self.slot_num, self.nnz_per_slot,
+                            self.embedding_vec_size])

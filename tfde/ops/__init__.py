@@ -153,9 +153,10 @@ def sparse_apply_ftrl(var, accumulator, linear, indices, grad, learning_rate,
 
 # Dynamic tables: one store per shard, on the backend current when it is
 # made (the kernel's hash-table resource, or its tf.lookup twin). A store has
-# lookup(ids, counts, step, insert), apply(kind, ids, grad, scalars,
-# grad_rows), export(), import_(...), evict(step, max_unseen_steps,
-# max_rows) and stats(); see reference.DynamicStoreTwin.
+# lookup(ids, counts, step, insert) -> (rows, row addresses), apply(kind,
+# ids, grad, scalars, grad_rows, by_address), export(), import_(...),
+# evict(step, max_unseen_steps, max_rows) and stats(); see
+# reference.DynamicStoreTwin.
 DynamicTableSpec = reference.DynamicTableSpec
 dynamic_initial_values = reference.dynamic_initial_values
 

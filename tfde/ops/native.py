@@ -135,7 +135,7 @@ class NativeDynamicStore:
     self.spec = spec
     # Every store gets its own resource, however many share a name.
     NativeDynamicStore._count += 1
-    shared_name = f"tfde_dynamic_{name}_{NativeDynamicStore._count}_{id(self)}"
+    shared_name = f"tfde_dynamic_{name}_{NativeDynamicStore._count}"
     with tf.device(device):
       self._handle = load().tfde_dynamic_table_handle(
           shared_name=shared_name, dim=spec.dim,
@@ -146,9 +146,6 @@ class NativeDynamicStore:
           zeros_until_admitted=bool(spec.zeros_until_admitted))
 
   def lookup(self, ids, counts, step, insert):
-    return self.lookup_with_addresses(ids, counts, step, insert)[0]
-
-  def lookup_with_addresses(self, ids, counts, step, insert):
     """(rows, row addresses after the lookup), from one op."""
     ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
     counts = (tf.zeros([0], tf.int64) if counts is None
@@ -162,10 +159,6 @@ class NativeDynamicStore:
     return op(self._handle, tf.reshape(tf.cast(ids, tf.int64), [-1]),
               tf.cast(grad, tf.float32), _rows(grad_rows),
               *[_scalar(s) for s in scalars], by_address=by_address)
-
-  def addresses(self, ids):
-    return load().tfde_dynamic_table_find_rows(
-        self._handle, tf.reshape(tf.cast(ids, tf.int64), [-1]))
 
   def export(self):
     return load().tfde_dynamic_table_export(self._handle)

@@ -478,10 +478,9 @@ class DynamicStoreTwin:
     return tf.where(found[:, None], stored, default)
 
   def lookup(self, ids, counts, step, insert):
-    return self.lookup_with_addresses(ids, counts, step, insert)[0]
-
-  def lookup_with_addresses(self, ids, counts, step, insert):
-    """(rows, row addresses after the lookup, -1 for ids without a row)."""
+    """(rows of `ids`, the addresses of their rows after the lookup, -1 for
+    ids without a row). With `insert`, each id counts `counts[i]` sightings
+    at `step` and may be admitted."""
     ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
     if not insert:
       return self._embeddings_of(ids), _find(self._index, ids)
@@ -522,11 +521,6 @@ class DynamicStoreTwin:
       ]
     with tf.control_dependencies(_ops_of(updates)):
       return self._embeddings_of(ids), _find(self._index, ids)
-
-  def addresses(self, ids):
-    """Row addresses of `ids` (-1 without a row), valid until the next
-    eviction or import."""
-    return _find(self._index, tf.reshape(tf.cast(ids, tf.int64), [-1]))
 
   def apply(self, kind, ids, grad, scalars, grad_rows=None, by_address=False):
     """Applies `kind`'s update to the rows of `ids` (unique); ids without a
@@ -608,7 +602,7 @@ class DynamicStoreTwin:
   def evict(self, step, max_unseen_steps, max_rows):
     """The kernel's eviction rules; returns the evicted ids, sorted."""
     step = tf.cast(step, tf.int64)
-    # Each variable read once, before any write (see lookup_with_addresses).
+    # Each variable read once, before any write (see lookup).
     keys, last = tf.convert_to_tensor(self._keys), tf.convert_to_tensor(self._last)
     counts, values = tf.convert_to_tensor(self._counts), tf.convert_to_tensor(self._values)
     n = tf.shape(keys)[0]

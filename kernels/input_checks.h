@@ -1,0 +1,141 @@
+// Input checks shared by the CPU kernels, the GPU kernels
+// (cuda/gpu_op_kernels.cc) and the dynamic tables' updates, so every
+// device raises the same InvalidArgument for the same mistake. Only shapes
+// and host scalars here; checks of tensor contents run where the data is.
+#ifndef TFDE_KERNELS_INPUT_CHECKS_H_
+#define TFDE_KERNELS_INPUT_CHECKS_H_
+
+#include <limits>
+#include <string>
+
+#include "common.h"
+#include "kernel_params.h"
+
+namespace tfde {
+
+inline Status ParseCombiner(const std::string& name, Combiner* combiner) {
+  if (name == "sum") {
+    *combiner = Combiner::kSum;
+  } else if (name == "mean") {
+    *combiner = Combiner::kMean;
+  } else if (name == "sqrtn") {
+    *combiner = Combiner::kSqrtn;
+  } else {
+    return InvalidArgument("combiner must be one of sum, mean, sqrtn; got '", name, "'");
+  }
+  return absl::OkStatus();
+}
+
+// A vector of ids whose positions fit the int32 indices the ops return.
+inline Status CheckIdVector(const Tensor& ids, const char* name = "ids") {
+  if (ids.dims() != 1) {
+    return InvalidArgument(name, " must be a vector, got shape ", ids.shape().DebugString());
+  }
+  if (ids.NumElements() >= std::numeric_limits<int32_t>::max()) {
+    return InvalidArgument(name, " has ", ids.NumElements(),
+                           " elements; at most 2^31 - 2 are supported");
+  }
+  return absl::OkStatus();
+}
+
+inline Status ReadNumShards(const Tensor& t, int32_t* num_shards) {
+  if (!TensorShapeUtils::IsScalar(t.shape())) {
+    return InvalidArgument("num_shards must be a scalar, got shape ", t.shape().DebugString());
+  }
+  *num_shards = t.scalar<int32_t>()();
+  if (*num_shards <= 0) return InvalidArgument("num_shards must be positive, got ", *num_shards);
+  return absl::OkStatus();
+}
+
+inline Status ReadInt64Scalar(OpKernelContext* ctx, int input, const char* name,
+                              int64_t* out) {
+  const Tensor& t = ctx->input(input);
+  if (!TensorShapeUtils::IsScalar(t.shape())) {
+    return InvalidArgument(name, " must be a scalar, got shape ", t.shape().DebugString());
+  }
+  *out = t.scalar<int64_t>()();
+  return absl::OkStatus();
+}
+
+// Combine and its gradient: a [rows, dim] matrix (`name`), and vectors of
+// inverse indices, row splits and weights (none, or one per id).
+inline Status CheckCombineInputs(const Tensor& table_like, const char* name,
+                                 const Tensor& inverse, const Tensor& splits,
+                                 const Tensor& weights) {
+  if (table_like.dims() != 2) {
+    return InvalidArgument(name, " must be a matrix, got shape ",
+                           table_like.shape().DebugString());
+  }
+  if (inverse.dims() != 1 || splits.dims() != 1 || weights.dims() != 1) {
+    return InvalidArgument("inverse, row_splits and weights must be vectors, got shapes ",
+                           inverse.shape().DebugString(), ", ",
+                           splits.shape().DebugString(), ", ", weights.shape().DebugString());
+  }
+  if (splits.NumElements() < 1) {
+    return InvalidArgument("row_splits must have at least one element");
+  }
+  const int64_t n = inverse.NumElements();
+  if (weights.NumElements() != 0 && weights.NumElements() != n) {
+    return InvalidArgument("weights has ", weights.NumElements(), " elements but there are ",
+                           n, " ids; pass one weight per id or none");
+  }
+  return absl::OkStatus();
+}
+
+// The gradient of combine: also the [batch, dim] output gradient and the
+// number of unique rows to produce.
+inline Status CheckCombineGradInputs(const Tensor& grad, const Tensor& inverse,
+                                     const Tensor& splits, const Tensor& weights,
+                                     const Tensor& num_unique_t, int64_t* num_unique) {
+  TF_RETURN_IF_ERROR(CheckCombineInputs(grad, "grad", inverse, splits, weights));
+  if (!TensorShapeUtils::IsScalar(num_unique_t.shape())) {
+    return InvalidArgument("num_unique must be a scalar");
+  }
+  *num_unique = num_unique_t.scalar<int32_t>()();
+  if (*num_unique < 0) return InvalidArgument("num_unique must be >= 0, got ", *num_unique);
+  const int64_t batch = splits.NumElements() - 1;
+  if (grad.dim_size(0) != batch) {
+    return InvalidArgument("grad has ", grad.dim_size(0), " rows but row_splits describes ",
+                           batch, " samples");
+  }
+  return absl::OkStatus();
+}
+
+// A sparse update's `ids` (named `what`), its [k, dim] gradient, and
+// grad_rows (empty: row i of grad belongs to ids[i]; else grad[grad_rows[i]]).
+inline Status CheckUpdateInputs(const Tensor& ids, const Tensor& grad, const Tensor& grad_rows,
+                                const char* what, bool* select) {
+  if (ids.dims() != 1) {
+    return InvalidArgument(what, " must be a vector, got shape ", ids.shape().DebugString());
+  }
+  if (grad.dims() != 2) {
+    return InvalidArgument("grad must be a matrix, got shape ", grad.shape().DebugString());
+  }
+  if (grad_rows.dims() != 1) {
+    return InvalidArgument("grad_rows must be a vector, got shape ",
+                           grad_rows.shape().DebugString());
+  }
+  const int64_t n = ids.NumElements();
+  *select = grad_rows.NumElements() > 0;
+  if (*select ? grad_rows.NumElements() != n : grad.dim_size(0) != n) {
+    return InvalidArgument("grad has ", grad.dim_size(0), " rows and grad_rows ",
+                           grad_rows.NumElements(), " entries but there are ", n, " ", what);
+  }
+  return absl::OkStatus();
+}
+
+// grad_rows in host memory (CPU kernels): every entry a row of grad.
+inline Status CheckGradRowsRange(const Tensor& grad_rows, int64_t grad_num_rows) {
+  const int32_t* rows = grad_rows.flat<int32_t>().data();
+  for (int64_t i = 0; i < grad_rows.NumElements(); ++i) {
+    if (rows[i] < 0 || rows[i] >= grad_num_rows) {
+      return InvalidArgument("grad_rows[", i, "] = ", rows[i], " is out of range [0, ",
+                             grad_num_rows, ")");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tfde
+
+#endif  // TFDE_KERNELS_INPUT_CHECKS_H_
