@@ -4,40 +4,21 @@ MultiWorkerMirroredStrategy (--mode mwms, TF_CONFIG set) or Horovod (--mode
 horovod, under horovodrun). Writes this worker's outputs of every step and
 the whole table (gathered from every worker) to OUT/dynamic_{rank}.npz."""
 
-import argparse
 import os
-import pickle
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests import worker_common as w  # noqa: E402
+
 
 def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--mode", choices=["mwms", "horovod"], required=True)
-  parser.add_argument("--optimizer", default="adam")
-  parser.add_argument("--batches", required=True)
-  parser.add_argument("--out", required=True)
+  parser = w.parser(__doc__.split("\n")[0])
   parser.add_argument("--checkpoint", help="write a checkpoint here at the end")
-  parser.add_argument("--checkpoint-dir", help="save after every step here")
-  parser.add_argument("--die-at-step", type=int, default=-1,
-                      help="exit abruptly before this (0-based) step")
-  parser.add_argument("--resume", action="store_true",
-                      help="restore the latest checkpoint and go on from it")
   args = parser.parse_args()
-
-  if args.mode == "mwms":
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    rank = strategy.cluster_resolver.task_id
-    num_replicas = strategy.num_replicas_in_sync
-  else:
-    import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
-    hvd.init()
-    strategy = tf.distribute.get_strategy()
-    rank, num_replicas = hvd.rank(), hvd.size()
+  strategy, rank, num_replicas = w.start(args.mode)
 
   import tfde  # pylint: disable=g-import-not-at-top
   from tests import dynamic_harness as d  # pylint: disable=g-import-not-at-top
@@ -56,38 +37,17 @@ def main():
     tape.gradient(loss, lookup.trainable_variables)
     return outputs
 
-  @tf.function(reduce_retracing=True)
-  def step(inputs, weights, targets):
-    return strategy.run(replica_step, args=(inputs, weights, targets))
-
-  with open(args.batches, "rb") as f:
-    batches = pickle.load(f)
+  step = w.distributed_step(strategy, replica_step)
+  manager, start = w.checkpointing(
+      args, lookup, rank, lambda lk: int(lk.tables["users"].steps[rank].numpy()))
   result = {}
-  manager, start = None, 0
-  if args.checkpoint_dir:
-    # As multiprocess_worker: the chief's checkpoint is the real one.
-    directory = args.checkpoint_dir if rank == 0 else os.path.join(
-        args.checkpoint_dir, f"worker_{rank}_temp")
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(lookup=lookup),
-                                         directory, max_to_keep=2)
-    if args.resume:
-      latest = tf.train.latest_checkpoint(args.checkpoint_dir)
-      tf.train.Checkpoint(lookup=lookup).restore(latest).assert_consumed()
-      start = int(lookup.tables["users"].steps[rank].numpy())
-      print(f"worker {rank} resumed from {latest} at step {start}", flush=True)
-  for index, batch in enumerate(batches):
+  for index, batch in enumerate(w.load_batches(args.batches)):
     if index < start:
       continue
-    if index == args.die_at_step:
-      print(f"worker {rank} dies before step {index}", flush=True)
-      os._exit(3)
-    if args.mode == "mwms":
-      local = [d.replica_inputs(batch, r, num_replicas) for r in range(num_replicas)]
-      dist = [strategy.experimental_distribute_values_from_function(
-          lambda ctx, i=i: local[ctx.replica_id_in_sync_group][i]) for i in range(3)]
-      outputs = strategy.experimental_local_results(step(*dist))[0]
-    else:
-      outputs = step(*d.replica_inputs(batch, rank, num_replicas))
+    w.die_if_asked(args, index, rank)
+    outputs = w.run_step(step, strategy, args.mode,
+                         lambda r, batch=batch: d.replica_inputs(batch, r, num_replicas),
+                         rank, num_replicas)
     for f in ("clicks", "pair"):
       result[f"output/{index}/{f}"] = outputs[f].numpy()
     if manager is not None:
@@ -101,10 +61,7 @@ def main():
     result[f"table/{key}"] = value
   result["backend"] = np.array(tfde.ops.current_backend())
   result["tf_version"] = np.array(tf.__version__)
-  np.savez(os.path.join(args.out, f"dynamic_{rank}.npz"), **result)
-  print(f"worker {rank}/{num_replicas} done", flush=True)
-  sys.stdout.flush()
-  os._exit(0)  # see multiprocess_worker.py
+  w.finish(args.out, "dynamic", rank, result)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests import worker_common as w  # noqa: E402
+
 
 def main():
   parser = argparse.ArgumentParser()
@@ -42,17 +44,13 @@ def main():
   evaluation = model.evaluate(train, verbose=0, return_dict=True)
   predictions = model.predict(tf.data.Dataset.from_tensor_slices(x).batch(256)
                               .with_options(options), verbose=0)
-  np.savez(os.path.join(args.out, f"keras_{rank}.npz"),
-           loss=np.array(history.history["loss"]),
-           eval_loss=np.array(evaluation["loss"]),
-           predictions=predictions,
-           dense_kernel=model.layers[-1].get_weights()[0],
-           **{f"shard/{name}": t.shards[rank].numpy()
-              for name, t in layer.tables.items()},
-           **{f"replicated/{name}": t.replicated
-              for name, t in layer.tables.items()})
-  print(f"keras worker {rank} done", flush=True)
-  os._exit(0)  # see multiprocess_worker.py
+  w.finish(args.out, "keras", rank, dict(
+      loss=np.array(history.history["loss"]),
+      eval_loss=np.array(evaluation["loss"]),
+      predictions=predictions,
+      dense_kernel=model.layers[-1].get_weights()[0],
+      **{f"shard/{name}": t.shards[rank].numpy() for name, t in layer.tables.items()},
+      **{f"replicated/{name}": t.replicated for name, t in layer.tables.items()}))
 
 
 if __name__ == "__main__":

@@ -6,13 +6,12 @@ outputs of every step and the whole table to OUT/mxrec_{rank}.npz."""
 
 import argparse
 import os
-import pickle
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from tests import worker_common as w  # noqa: E402
 
 
 def main():
@@ -24,8 +23,7 @@ def main():
   hvd.init()
   rank, size = hvd.rank(), hvd.size()
   from tfde.compat import mxrec  # pylint: disable=g-import-not-at-top
-  with open(args.data, "rb") as f:
-    data = pickle.load(f)
+  data = w.load_batches(args.data)
   per = data["batch"] // size
   result = {}
   with tf.Graph().as_default():
@@ -52,10 +50,7 @@ def main():
         result[f"output/{index}"] = out
       for key, value in sess.run(export).items():
         result[f"table/{key}"] = value
-  np.savez(os.path.join(args.out, f"mxrec_{rank}.npz"), **result)
-  print(f"rank {rank}/{size} done", flush=True)
-  sys.stdout.flush()
-  os._exit(0)
+  w.finish(args.out, "mxrec", rank, result, f"of {size}")
 
 
 if __name__ == "__main__":

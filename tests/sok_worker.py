@@ -6,13 +6,12 @@ whole tables to OUT/sok_{rank}.npz."""
 
 import argparse
 import os
-import pickle
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from tests import worker_common as w  # noqa: E402
 
 
 def sparse(rows, width=4):
@@ -33,8 +32,7 @@ def main():
   sok.init(comm_tool="horovod")
   import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
   rank, size = hvd.rank(), hvd.size()
-  with open(args.data, "rb") as f:
-    data = pickle.load(f)
+  data = w.load_batches(args.data)
   batch = data["global_batch"]
   per = batch // size
   static = sok.Variable(data["initial"])
@@ -57,10 +55,7 @@ def main():
   result["static_table"] = sok._table_of(static).full_table()  # pylint: disable=protected-access
   for key, value in sok._table_of(dynamic).export_rows().items():  # pylint: disable=protected-access
     result[f"dynamic/{key}"] = value
-  np.savez(os.path.join(args.out, f"sok_{rank}.npz"), **result)
-  print(f"rank {rank}/{size} done", flush=True)
-  sys.stdout.flush()
-  os._exit(0)
+  w.finish(args.out, "sok", rank, result, f"of {size}")
 
 
 if __name__ == "__main__":

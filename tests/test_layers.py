@@ -133,10 +133,12 @@ def _ranking_data(num, seed=0):
   return {"user_id": users, "movie_id": movies}, y
 
 
-def _ranking_model(user_vocabulary=200):
+def _ranking_model(user_vocabulary=200, user_dynamic=None):
+  """`user_dynamic` (a DynamicConfig) makes the user table dynamic."""
   user = tfde.layers.TableConfig(
-      name="user", vocabulary_size=user_vocabulary, embedding_dim=16,
-      optimizer=tfde.optimizers.Adagrad(learning_rate=0.5))
+      name="user", vocabulary_size=None if user_dynamic else user_vocabulary,
+      embedding_dim=16, optimizer=tfde.optimizers.Adagrad(learning_rate=0.5),
+      dynamic=user_dynamic)
   movie = tfde.layers.TableConfig(
       name="movie", vocabulary_size=20000, embedding_dim=16,
       optimizer=keras.optimizers.Adagrad(learning_rate=0.5))

@@ -119,54 +119,47 @@ def test_apply_gradients_needs_addresses_from_sparse_lookup():
 
 
 @pytest.mark.parametrize("kind", ["adam", "ftrl"])
-def test_sharded_lookup_trains_in_a_tf1_session_like_eager(op_backend, kind):
+def test_sharded_lookup_trains_in_a_tf1_session(op_backend, kind):
+  """The pipeline in a plain TF1 graph: static tables equal the unsharded
+  numpy reference, a dynamic table the dict oracle."""
   del op_backend
   steps = 4
   batches = [h.make_batch(s, weighted=True, seed=3) for s in range(steps)]
-  results = []
-  for graph_mode in (False, True):
-    configs = h.feature_configs(kind)
-    dynamic = tfde.TableConfig(name="D", vocabulary_size=None, embedding_dim=4,
-                               optimizer=h.sparse_optimizer(kind), combiner="sum",
-                               initializer="uniform", dynamic=tfde.DynamicConfig(admit_after=2))
-    configs["d_hashed"] = tfde.FeatureConfig(name="d_hashed", table=dynamic)
-
-    def inputs_of(batch):
+  configs = h.feature_configs(kind)
+  dynamic = tfde.TableConfig(name="D", vocabulary_size=None, embedding_dim=4,
+                             optimizer=h.sparse_optimizer(kind), combiner="sum",
+                             initializer="uniform", dynamic=tfde.DynamicConfig(admit_after=2))
+  hashed = lambda ids: ids * 7919 - 2**40  # 64-bit keys, tf or Python ints
+  oracle = oracles.DynamicTableOracle(4, kind, h.numpy_optimizer(kind, (1, 4)).hp,
+                                      init=("uniform", -0.05, 0.05), admit_after=2)
+  with tf.Graph().as_default():
+    lookup = tfde.lookup.ShardedLookup(dict(
+        configs, d_hashed=tfde.FeatureConfig(name="d_hashed", table=dynamic)))
+    static = {n: t for n, t in lookup.tables.items() if not t.is_dynamic}
+    train_ops = []
+    for batch in batches:  # one op per batch: the inputs are constants
       inputs, weights, targets = h.replica_inputs(batch, 0, 1)
-      inputs["d_hashed"] = inputs["a_dense"] * 7919 - 2**40
-      targets["d_hashed"] = targets["a_dense"]
-      return inputs, weights, targets
-
-    def loss_of(lookup, inputs, weights, targets):
+      inputs["d_hashed"] = hashed(inputs["a_dense"])
       outputs = lookup(inputs, weights)
-      return tf.add_n([tf.reduce_sum(tf.square(outputs[f] - targets[f]))
-                       for f in outputs])
-
-    if not graph_mode:
-      lookup = tfde.lookup.ShardedLookup(configs)
-      for batch in batches:
-        inputs, weights, targets = inputs_of(batch)
-        with tf.GradientTape() as tape:
-          loss = loss_of(lookup, inputs, weights, targets)
-        tape.gradient(loss, lookup.trainable_variables)
-      results.append((lookup.tables["A"].full_table(), lookup.tables["D"].export_rows()))
-      continue
-    with tf.Graph().as_default():
-      lookup = tfde.lookup.ShardedLookup(configs)
-      feeds = [inputs_of(b) for b in batches]
-      train_ops = []
-      for inputs, weights, targets in feeds:  # one op per batch (fixed inputs)
-        loss = loss_of(lookup, inputs, weights, targets)
-        train_ops.append(tf.gradients(loss, lookup.trainable_variables))
-      with tf.compat.v1.Session() as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        for op in train_ops:
-          sess.run(op)
-        table_a = sess.run(lookup.tables["A"]._gathered(lookup.tables["A"].shards))  # pylint: disable=protected-access
-        dyn = sess.run(lookup.tables["D"]._serialize_to_tensors())  # pylint: disable=protected-access
-    results.append((table_a, dyn))
-  (eager_a, eager_d), (graph_a, graph_d) = results
-  np.testing.assert_allclose(graph_a, eager_a, rtol=1e-5, atol=1e-6)
-  for key in eager_d:
-    np.testing.assert_allclose(graph_d[key], eager_d[key], rtol=1e-5, atol=1e-6,
-                               err_msg=key)
+      loss = h.replica_loss(outputs, targets) + tf.reduce_sum(
+          tf.square(outputs["d_hashed"] - targets["a_dense"])) / h.GLOBAL_BATCH
+      train_ops.append(tf.gradients(loss, lookup.trainable_variables))
+    whole = {n: t._gathered(t.shards) for n, t in static.items()}  # pylint: disable=protected-access
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      initial = sess.run(whole)
+      for op in train_ops:
+        sess.run(op)
+      final = sess.run(whole)
+      rows = sess.run(lookup.tables["D"]._serialize_to_tensors())  # pylint: disable=protected-access
+  _, want = h.reference_run(configs, initial, batches)
+  for name in static:
+    np.testing.assert_allclose(final[name], want[name], rtol=1e-5, atol=1e-6,
+                               err_msg=f"table {name}")
+  for batch in batches:
+    oracle.train_step([([[hashed(k) for k in row] for row in batch["a_dense"]["ids"]],
+                        None, "sum", batch["a_dense"]["target"], 1.0 / h.GLOBAL_BATCH)])
+  ids = sorted(oracle.rows)
+  np.testing.assert_array_equal(rows["ids"], ids)
+  np.testing.assert_allclose(rows["table"], [oracle.rows[k]["w"] for k in ids],
+                             rtol=1e-5, atol=1e-6)

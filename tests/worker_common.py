@@ -1,0 +1,98 @@
+"""What every multi-process test worker does alike (tests/*_worker.py):
+start under MultiWorkerMirroredStrategy or Horovod, run a per-replica step
+on its slice of a global batch, checkpoint after every step and resume, die
+on purpose, and hand its results back. Imports nothing of tfde, so it runs
+against whichever tfde the worker's environment has installed."""
+
+import argparse
+import os
+import pickle
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+
+def parser(description):
+  """The arguments every training worker takes."""
+  p = argparse.ArgumentParser(description=description)
+  p.add_argument("--mode", choices=["mwms", "horovod"], required=True)
+  p.add_argument("--optimizer", default="adam")
+  p.add_argument("--batches", required=True)
+  p.add_argument("--out", required=True)
+  p.add_argument("--checkpoint-dir", help="save after every step here")
+  p.add_argument("--die-at-step", type=int, default=-1,
+                 help="exit abruptly before this (0-based) step")
+  p.add_argument("--resume", action="store_true",
+                 help="restore the latest checkpoint and go on from it")
+  return p
+
+
+def start(mode):
+  """(strategy, rank, number of replicas) of this process."""
+  if mode == "mwms":
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    return strategy, strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
+  import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
+  hvd.init()
+  return tf.distribute.get_strategy(), hvd.rank(), hvd.size()
+
+
+def load_batches(path):
+  with open(path, "rb") as f:
+    return pickle.load(f)
+
+
+def distributed_step(strategy, replica_step):
+  """A tf.function running `replica_step(*inputs)` on every replica."""
+  @tf.function(reduce_retracing=True)
+  def step(*inputs):
+    return strategy.run(replica_step, args=inputs)
+  return step
+
+
+def run_step(step, strategy, mode, inputs_of, rank, num_replicas):
+  """This process's outputs of one step; `inputs_of(replica)` is a
+  replica's tuple of inputs."""
+  if mode == "horovod":
+    return step(*inputs_of(rank))
+  local = [inputs_of(r) for r in range(num_replicas)]
+  count = len(local[0])
+  dist = [strategy.experimental_distribute_values_from_function(
+      lambda ctx, i=i: local[ctx.replica_id_in_sync_group][i]) for i in range(count)]
+  return strategy.experimental_local_results(step(*dist))[0]
+
+
+def checkpointing(args, lookup, rank, step_of):
+  """(CheckpointManager or None, the step to start from). The chief
+  writes the real checkpoint, other workers theirs aside
+  (MultiWorkerMirroredStrategy's convention); all must save."""
+  if not args.checkpoint_dir:
+    return None, 0
+  directory = args.checkpoint_dir if rank == 0 else os.path.join(
+      args.checkpoint_dir, f"worker_{rank}_temp")
+  manager = tf.train.CheckpointManager(tf.train.Checkpoint(lookup=lookup), directory,
+                                       max_to_keep=2)
+  if not args.resume:
+    return manager, 0
+  latest = tf.train.latest_checkpoint(args.checkpoint_dir)
+  tf.train.Checkpoint(lookup=lookup).restore(latest).assert_consumed()
+  start_step = step_of(lookup)
+  print(f"worker {rank} resumed from {latest} at step {start_step}", flush=True)
+  return manager, start_step
+
+
+def die_if_asked(args, index, rank):
+  if index == args.die_at_step:
+    print(f"worker {rank} dies before step {index}", flush=True)
+    os._exit(3)
+
+
+def finish(out_dir, prefix, rank, result, message=""):
+  """Writes OUT/{prefix}_{rank}.npz and exits at once: the collective
+  executor of MultiWorkerMirroredStrategy may block interpreter shutdown
+  while its peer is already gone; the results are written."""
+  np.savez(os.path.join(out_dir, f"{prefix}_{rank}.npz"), **result)
+  print(f"{prefix} worker {rank} done {message}", flush=True)
+  sys.stdout.flush()
+  os._exit(0)
