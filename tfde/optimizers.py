@@ -30,7 +30,7 @@ from tfde import ops
 class SparseOptimizer:
   """Base class: hyper-parameters, slots, and the row update.
 
-  Subclasses set `kind`, `slot_names`, `defaults` and implement `_apply`.
+  Subclasses set `kind`, `slot_names`, `defaults` and implement `scalars`.
   `learning_rate` may be a float or a Keras LearningRateSchedule, which is
   evaluated at the table's 0-based step count, as Keras does.
   """
@@ -85,11 +85,9 @@ class SparseOptimizer:
 
     grads[k] (or grads[grad_rows[k]]) is the gradient of row indices[k].
     """
-    return self._apply(table, slots, indices, tf.cast(grads, tf.float32),
-                       tf.cast(step, tf.float32), grad_rows)
-
-  def _apply(self, table, slots, indices, grads, step, grad_rows):
-    raise NotImplementedError
+    variables = [table] + [slots[name] for name in self.slot_names]
+    return ops.sparse_apply(self.kind, variables, indices, tf.cast(grads, tf.float32),
+                            self.scalars(tf.cast(step, tf.float32)), grad_rows)
 
   def scalars(self, step):
     """The update's scalar inputs at 1-based `step`, in the order the ops
@@ -171,10 +169,6 @@ class SGD(SparseOptimizer):
   kind = "sgd"
   default_learning_rate = 0.01
 
-  def _apply(self, table, slots, indices, grads, step, grad_rows):
-    return ops.sparse_apply_sgd(table, indices, grads,
-                                self.learning_rate_at(step), grad_rows=grad_rows)
-
   def scalars(self, step):
     return [self.learning_rate_at(step)]
 
@@ -189,11 +183,6 @@ class Adagrad(SparseOptimizer):
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"]
 
-  def _apply(self, table, slots, indices, grads, step, grad_rows):
-    return ops.sparse_apply_adagrad(table, slots["accumulator"], indices, grads,
-                                    self.learning_rate_at(step),
-                                    self.hyper["epsilon"], grad_rows=grad_rows)
-
   def scalars(self, step):
     return [self.learning_rate_at(step), self.hyper["epsilon"]]
 
@@ -204,13 +193,6 @@ class Adam(SparseOptimizer):
   kind = "adam"
   slot_names = ("m", "v")
   defaults = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
-
-  def _apply(self, table, slots, indices, grads, step, grad_rows):
-    h = self.hyper
-    return ops.sparse_apply_lazy_adam(table, slots["m"], slots["v"], indices,
-                                      grads, self.learning_rate_at(step),
-                                      h["beta_1"], h["beta_2"], h["epsilon"],
-                                      step, grad_rows=grad_rows)
 
   def scalars(self, step):
     h = self.hyper
@@ -231,15 +213,6 @@ class Ftrl(SparseOptimizer):
 
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"] if name == "accumulator" else 0.0
-
-  def _apply(self, table, slots, indices, grads, step, grad_rows):
-    h = self.hyper
-    return ops.sparse_apply_ftrl(
-        table, slots["accumulator"], slots["linear"], indices, grads,
-        self.learning_rate_at(step), h["l1_regularization_strength"],
-        h["l2_regularization_strength"],
-        h["l2_shrinkage_regularization_strength"], h["beta"],
-        h["learning_rate_power"], grad_rows=grad_rows)
 
   def scalars(self, step):
     h = self.hyper

@@ -62,15 +62,8 @@ class DynamicServingTable(tf.Module):
     """[n, D] rows of `ids`; unknown ids as described in
     export_for_serving."""
     ids = tf.cast(ids, tf.int64)
-    rows = self.index.lookup(ids)
-    found = rows >= 0
-    padded = tf.concat([tf.convert_to_tensor(self.rows),
-                        tf.zeros([1, self._spec.dim])], 0)
-    stored = tf.gather(padded, tf.where(found, rows, tf.shape(self.rows, out_type=tf.int64)[0]))
-    if self._spec.zeros_until_admitted:
-      return stored
-    return tf.where(found[:, None], stored,
-                    reference.dynamic_initial_values(self._spec, ids))
+    return reference.embeddings_or_default(self._spec, ids, self.index.lookup(ids),
+                                           tf.convert_to_tensor(self.rows))
 
 
 class _Served(tf.Module):

@@ -114,11 +114,11 @@ class HashOptimizer:
     return tf.group(updates)
 
 
-def _optimizer_module(kind, **defaults):
+def _optimizer_module(kind, **renames):
   def create(learning_rate=None, **hyper):
     cls = {"sgd": optimizers_lib.SGD, "adagrad": optimizers_lib.Adagrad,
            "adam": optimizers_lib.Adam, "ftrl": optimizers_lib.Ftrl}[kind]
-    renamed = {defaults.get(k, k): v for k, v in hyper.items()}
+    renamed = {renames.get(k, k): v for k, v in hyper.items()}
     return HashOptimizer(cls(learning_rate=learning_rate, **renamed))
   return types.SimpleNamespace(create_hash_optimizer=create,
                                create_hash_optimizer_by_addr=create,

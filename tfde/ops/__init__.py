@@ -124,31 +124,35 @@ def gather_from_tables(tables, rows, bases):
 # unique and in range; nothing is written otherwise.
 
 
+def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
+  """`kind`'s update ("sgd", "adagrad", "adam" (lazy), "ftrl") of
+  `variables`, the table then its slots, with the scalar inputs in the
+  order `tfde.optimizers.SparseOptimizer.scalars` gives them."""
+  return _impl().sparse_apply(kind, variables, indices, grad, scalars, grad_rows)
+
+
 def sparse_apply_sgd(var, indices, grad, learning_rate, grad_rows=None):
-  return _impl().sparse_apply_sgd(var, indices, grad, learning_rate,
-                                  grad_rows=grad_rows)
+  return sparse_apply("sgd", [var], indices, grad, [learning_rate], grad_rows)
 
 
 def sparse_apply_adagrad(var, accumulator, indices, grad, learning_rate,
                          epsilon, grad_rows=None):
-  return _impl().sparse_apply_adagrad(var, accumulator, indices, grad,
-                                      learning_rate, epsilon,
-                                      grad_rows=grad_rows)
+  return sparse_apply("adagrad", [var, accumulator], indices, grad,
+                      [learning_rate, epsilon], grad_rows)
 
 
 def sparse_apply_lazy_adam(var, m, v, indices, grad, learning_rate, beta_1,
                            beta_2, epsilon, step, grad_rows=None):
-  return _impl().sparse_apply_lazy_adam(var, m, v, indices, grad,
-                                        learning_rate, beta_1, beta_2, epsilon,
-                                        step, grad_rows=grad_rows)
+  return sparse_apply("adam", [var, m, v], indices, grad,
+                      [learning_rate, beta_1, beta_2, epsilon, step], grad_rows)
 
 
 def sparse_apply_ftrl(var, accumulator, linear, indices, grad, learning_rate,
                       l1, l2, l2_shrinkage, beta, learning_rate_power,
                       grad_rows=None):
-  return _impl().sparse_apply_ftrl(var, accumulator, linear, indices, grad,
-                                   learning_rate, l1, l2, l2_shrinkage, beta,
-                                   learning_rate_power, grad_rows=grad_rows)
+  return sparse_apply("ftrl", [var, accumulator, linear], indices, grad,
+                      [learning_rate, l1, l2, l2_shrinkage, beta, learning_rate_power],
+                      grad_rows)
 
 
 # Dynamic tables: one store per shard, on the backend current when it is

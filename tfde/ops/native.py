@@ -83,35 +83,17 @@ def _rows(grad_rows):
   return tf.zeros([0], tf.int32) if grad_rows is None else tf.cast(grad_rows, tf.int32)
 
 
-def sparse_apply_sgd(var, indices, grad, learning_rate, grad_rows=None):
-  return load().tfde_sparse_apply_sgd(var.handle, indices, grad, _rows(grad_rows),
-                                      _scalar(learning_rate))
+# Each optimizer kind's op, for static variables and for dynamic tables.
+_SPARSE_APPLY_OPS = {"sgd": "tfde_sparse_apply_sgd", "adagrad": "tfde_sparse_apply_adagrad",
+                     "adam": "tfde_sparse_apply_lazy_adam", "ftrl": "tfde_sparse_apply_ftrl"}
+_DYNAMIC_APPLY_OPS = {kind: op.replace("tfde_sparse_apply", "tfde_dynamic_table_apply")
+                      for kind, op in _SPARSE_APPLY_OPS.items()}
 
 
-def sparse_apply_adagrad(var, accumulator, indices, grad, learning_rate,
-                         epsilon, grad_rows=None):
-  return load().tfde_sparse_apply_adagrad(
-      var.handle, accumulator.handle, indices, grad, _rows(grad_rows),
-      _scalar(learning_rate),
-      _scalar(epsilon))
-
-
-def sparse_apply_lazy_adam(var, m, v, indices, grad, learning_rate, beta_1,
-                           beta_2, epsilon, step, grad_rows=None):
-  return load().tfde_sparse_apply_lazy_adam(
-      var.handle, m.handle, v.handle, indices, grad, _rows(grad_rows),
-      _scalar(learning_rate),
-      _scalar(beta_1), _scalar(beta_2), _scalar(epsilon), _scalar(step))
-
-
-def sparse_apply_ftrl(var, accumulator, linear, indices, grad, learning_rate,
-                      l1, l2, l2_shrinkage, beta, learning_rate_power,
-                      grad_rows=None):
-  return load().tfde_sparse_apply_ftrl(
-      var.handle, accumulator.handle, linear.handle, indices, grad,
-      _rows(grad_rows),
-      _scalar(learning_rate), _scalar(l1), _scalar(l2), _scalar(l2_shrinkage),
-      _scalar(beta), _scalar(learning_rate_power))
+def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
+  op = getattr(load(), _SPARSE_APPLY_OPS[kind])
+  return op(*[v.handle for v in variables], indices, grad, _rows(grad_rows),
+            *[_scalar(x) for x in scalars])
 
 
 def gather_from_tables(tables, rows, bases):
@@ -123,11 +105,6 @@ class NativeDynamicStore:
   """A dynamic table shard in the kernel's hash-table resource
   (kernels/dynamic_table_ops.cc); the interface of
   `reference.DynamicStoreTwin`."""
-
-  _APPLY_OPS = {"sgd": "tfde_dynamic_table_apply_sgd",
-                "adagrad": "tfde_dynamic_table_apply_adagrad",
-                "adam": "tfde_dynamic_table_apply_lazy_adam",
-                "ftrl": "tfde_dynamic_table_apply_ftrl"}
 
   _count = 0
 
@@ -155,7 +132,7 @@ class NativeDynamicStore:
         insert=insert)
 
   def apply(self, kind, ids, grad, scalars, grad_rows=None, by_address=False):
-    op = getattr(load(), self._APPLY_OPS[kind])
+    op = getattr(load(), _DYNAMIC_APPLY_OPS[kind])
     return op(self._handle, tf.reshape(tf.cast(ids, tf.int64), [-1]),
               tf.cast(grad, tf.float32), _rows(grad_rows),
               *[_scalar(s) for s in scalars], by_address=by_address)

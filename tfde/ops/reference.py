@@ -249,7 +249,7 @@ def _scalar_checks(kind, scalars):
   return []
 
 
-def _sparse_apply(kind, variables, indices, grad, scalars, grad_rows):
+def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
   grad = _select_rows(grad, grad_rows)
   checks = _update_checks(variables[0], indices, grad) + _scalar_checks(kind, scalars)
   with tf.control_dependencies(checks):
@@ -257,30 +257,6 @@ def _sparse_apply(kind, variables, indices, grad, scalars, grad_rows):
     new_rows = ROW_UPDATES[kind](rows, grad, *scalars)
     return tf.group([v.scatter_update(tf.IndexedSlices(r, indices))
                      for v, r in zip(variables, new_rows)])
-
-
-def sparse_apply_sgd(var, indices, grad, learning_rate, grad_rows=None):
-  return _sparse_apply("sgd", [var], indices, grad, [learning_rate], grad_rows)
-
-
-def sparse_apply_adagrad(var, accumulator, indices, grad, learning_rate,
-                         epsilon, grad_rows=None):
-  return _sparse_apply("adagrad", [var, accumulator], indices, grad,
-                       [learning_rate, epsilon], grad_rows)
-
-
-def sparse_apply_lazy_adam(var, m, v, indices, grad, learning_rate, beta_1,
-                           beta_2, epsilon, step, grad_rows=None):
-  return _sparse_apply("adam", [var, m, v], indices, grad,
-                       [learning_rate, beta_1, beta_2, epsilon, step], grad_rows)
-
-
-def sparse_apply_ftrl(var, accumulator, linear, indices, grad, learning_rate,
-                      l1, l2, l2_shrinkage, beta, learning_rate_power,
-                      grad_rows=None):
-  return _sparse_apply("ftrl", [var, accumulator, linear], indices, grad,
-                       [learning_rate, l1, l2, l2_shrinkage, beta,
-                        learning_rate_power], grad_rows)
 
 
 def gather_from_tables(tables, rows, bases):
@@ -395,6 +371,20 @@ def dynamic_initial_values(spec, ids):
   return tf.cast(v, tf.float32)
 
 
+def embeddings_or_default(spec, ids, rows, values):
+  """[n, dim] embeddings of `ids`, whose rows in `values` [K, dim] are
+  `rows` (-1: none): the stored row, else what the table's spec gives ids
+  without a row (zeros, or the id's initial value)."""
+  found = rows >= 0
+  # One zero row past the end stands in for the missing (values may be
+  # empty).
+  padded = tf.concat([values, tf.zeros([1, spec.dim])], 0)
+  stored = tf.gather(padded, tf.where(found, rows, tf.shape(values, out_type=tf.int64)[0]))
+  if spec.zeros_until_admitted:
+    return stored
+  return tf.where(found[:, None], stored, dynamic_initial_values(spec, ids))
+
+
 def _check_unique_ids(ids):
   n = tf.size(ids, out_type=tf.int32)
   _, inverse = tf.unique(ids, out_idx=tf.int32)
@@ -464,18 +454,8 @@ class DynamicStoreTwin:
     return tf.stack([init] + slots, axis=1)
 
   def _embeddings_of(self, ids):
-    rows = _find(self._index, ids)
-    found = rows >= 0
-    # One zero row past the end stands in for the missing (the table may be
-    # empty).
-    padded = tf.concat([self._values[:, 0], tf.zeros([1, self.spec.dim])], 0)
-    size = tf.shape(self._values, out_type=tf.int64)[0]
-    stored = tf.gather(padded, tf.where(found, rows, size))
-    if self.spec.zeros_until_admitted:
-      default = tf.zeros_like(stored)
-    else:
-      default = dynamic_initial_values(self.spec, ids)
-    return tf.where(found[:, None], stored, default)
+    return embeddings_or_default(self.spec, ids, _find(self._index, ids),
+                                 self._values[:, 0])
 
   def lookup(self, ids, counts, step, insert):
     """(rows of `ids`, the addresses of their rows after the lookup, -1 for
