@@ -142,18 +142,9 @@ class SparseApplyOp : public OpKernel {
 
     LockedVariables vars;
     OP_REQUIRES_OK(ctx, vars.Acquire(ctx, 0, kNumVars, LockMode::kExclusive));
-    for (int v = 1; v < kNumVars; ++v) {
-      OP_REQUIRES(ctx, vars.tensor(v).shape() == vars.tensor(0).shape(),
-                  InvalidArgument("slot variable ", HandleFromInput(ctx, v).name(),
-                                  " has shape ", vars.tensor(v).shape().DebugString(),
-                                  " but the table has ",
-                                  vars.tensor(0).shape().DebugString()));
-    }
+    OP_REQUIRES_OK(ctx, vars.CheckUpdateTargets(ctx, 0, grad_t));
     const int64_t dim = vars.dim();
     const int64_t num_rows = vars.num_rows();
-    OP_REQUIRES(ctx, grad_t.dim_size(1) == dim,
-                InvalidArgument("grad has width ", grad_t.dim_size(1),
-                                " but the table has width ", dim));
     const Index* indices = indices_t.flat<Index>().data();
     IdIndexMap<Index> seen(n);
     for (int64_t i = 0; i < n; ++i) {

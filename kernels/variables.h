@@ -98,6 +98,23 @@ class LockedVariables {
     std::copy_n(from.flat<float>().data(), from.NumElements(), to->flat<float>().data());
   }
 
+  // A sparse update's variables: every slot shaped like the table (the
+  // first of the inputs from `first`), and `grad` as wide as its rows.
+  Status CheckUpdateTargets(OpKernelContext* ctx, int first, const Tensor& grad) const {
+    for (int v = 1; v < size(); ++v) {
+      if (tensor(v).shape() != tensor(0).shape()) {
+        return InvalidArgument("slot variable ", HandleFromInput(ctx, first + v).name(),
+                               " has shape ", tensor(v).shape().DebugString(),
+                               " but the table has ", tensor(0).shape().DebugString());
+      }
+    }
+    if (grad.dim_size(1) != dim()) {
+      return InvalidArgument("grad has width ", grad.dim_size(1), " but the table has width ",
+                             dim());
+    }
+    return absl::OkStatus();
+  }
+
   int size() const { return static_cast<int>(vars_.size()); }
   const Tensor& tensor(int i) const { return *vars_[i]->tensor(); }
   float* Rows(int i) { return vars_[i]->tensor()->flat<float>().data(); }
