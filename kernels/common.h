@@ -91,6 +91,36 @@ inline int NumWorkerThreads(tensorflow::OpKernelContext* ctx) {
   return ctx->device()->tensorflow_cpu_worker_threads()->num_threads;
 }
 
+// Asks for the cache lines of a row of `bytes` bytes ahead of their use.
+// Rows of a large table are visited in no predictable order, so the
+// hardware prefetcher cannot help; a row requested a few iterations early
+// overlaps its memory (and page-walk) latency with the work on the rows
+// before it.
+inline void PrefetchRow(const void* row, int64_t bytes, bool for_write) {
+  const char* p = static_cast<const char*>(row);
+  for (int64_t b = 0; b < bytes; b += 64) {
+    if (for_write) {
+      __builtin_prefetch(p + b, 1, 3);
+    } else {
+      __builtin_prefetch(p + b, 0, 3);
+    }
+  }
+}
+
+// How many rows ahead the gather, combine and update loops prefetch.
+constexpr int64_t kPrefetchDistance = 16;
+
+// The optimizers' row loops are arithmetic-bound once their rows are
+// prefetched (Adam's sqrt and divide per element), and TensorFlow's wheels
+// are built for baseline x86-64. GCC compiles a function marked with this
+// twice, for AVX2+FMA and for baseline x86-64, and picks one when the
+// library loads (an ifunc), so the library still loads on any x86-64.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TFDE_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define TFDE_VECTOR_CLONES
+#endif
+
 // Splits [0, total) into `num_blocks` contiguous blocks; block b is
 // [BlockBegin(b), BlockBegin(b + 1)).
 struct Blocks {

@@ -520,6 +520,10 @@ class DynamicTableLookupOp : public OpKernel {
     int64_t* row_of = addresses_t->flat<int64_t>().data();
     auto copy_rows = [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
+        if (i + kPrefetchDistance < i1 && row_of[i + kPrefetchDistance] >= 0) {
+          PrefetchRow(table->Values(row_of[i + kPrefetchDistance]),
+                      dim * sizeof(float), false);
+        }
         float* o = out + i * dim;
         if (row_of[i] >= 0) {
           std::copy_n(table->Values(row_of[i]), dim, o);
@@ -671,15 +675,14 @@ class DynamicTableApplyOp : public OpKernel {
     }
     const int64_t dim = spec.dim;
     const float* grad = grad_t.flat<float>().data();
+    const auto rows_of = [&](int64_t i, float** rows) {
+      if (row_of[i] < 0) return false;
+      float* base = table->Values(row_of[i]);
+      for (int v = 0; v < Update::kNumVars; ++v) rows[v] = base + v * dim;
+      return true;
+    };
     ParallelFor(ctx, n, dim * 12, [&](int64_t i0, int64_t i1) {
-      float* rows[Update::kNumVars];
-      for (int64_t i = i0; i < i1; ++i) {
-        if (row_of[i] < 0) continue;
-        float* base = table->Values(row_of[i]);
-        for (int v = 0; v < Update::kNumVars; ++v) rows[v] = base + v * dim;
-        const int64_t g = select ? grad_rows[i] : i;
-        Update::Row(params, rows, grad + g * dim, dim);
-      }
+      UpdateRows<Update>(params, i0, i1, dim, grad, grad_rows, rows_of);
     });
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));

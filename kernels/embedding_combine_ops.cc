@@ -161,9 +161,14 @@ class EmbeddingCombineOp : public OpKernel {
     const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
     ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
       std::vector<float> acc(dim);
+      const int64_t last = splits[b1];
       for (int64_t b = b0; b < b1; ++b) {
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (Split i = splits[b]; i < splits[b + 1]; ++i) {
+          if (i + kPrefetchDistance < last) {
+            PrefetchRow(rows + static_cast<int64_t>(inverse[i + kPrefetchDistance]) * dim,
+                        dim * sizeof(T), false);
+          }
           const float c = coefficient[i];
           const T* row = rows + static_cast<int64_t>(inverse[i]) * dim;
           for (int64_t d = 0; d < dim; ++d) acc[d] += c * static_cast<float>(row[d]);

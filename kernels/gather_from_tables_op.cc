@@ -94,6 +94,12 @@ class GatherFromTablesOp : public OpKernel {
     float* out = out_t->flat<float>().data();
     ParallelFor(ctx, m, dim * 2, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
+        if (i + kPrefetchDistance < i1) {
+          const int64_t a = i + kPrefetchDistance;
+          const int ta = table_of[a];
+          PrefetchRow(data[ta] + (static_cast<int64_t>(rows[a]) - bases_[ta]) * dim,
+                      dim * sizeof(float), false);
+        }
         const int t = table_of[i];
         const float* src = data[t] + (static_cast<int64_t>(rows[i]) - bases_[t]) * dim;
         std::copy_n(src, dim, out + i * dim);

@@ -166,14 +166,13 @@ class SparseApplyOp : public OpKernel {
     float* slots[kNumVars];
     for (int v = 0; v < kNumVars; ++v) slots[v] = vars.Rows(v);
     const float* grad = grad_t.flat<float>().data();
+    const auto rows_of = [&](int64_t i, float** rows) {
+      const int64_t offset = static_cast<int64_t>(indices[i]) * dim;
+      for (int v = 0; v < kNumVars; ++v) rows[v] = slots[v] + offset;
+      return true;
+    };
     ParallelFor(ctx, n, dim * 12, [&](int64_t i0, int64_t i1) {
-      float* rows[kNumVars];
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t offset = static_cast<int64_t>(indices[i]) * dim;
-        for (int v = 0; v < kNumVars; ++v) rows[v] = slots[v] + offset;
-        const int64_t g = select ? grad_rows[i] : i;
-        Update::Row(params, rows, grad + g * dim, dim);
-      }
+      UpdateRows<Update>(params, i0, i1, dim, grad, grad_rows, rows_of);
     });
   }
 };

@@ -90,7 +90,7 @@ class UniqueWithCountsOp : public OpKernel {
                        int32_t* inverse) {
     // Partition count: a few per thread so uneven partitions still balance.
     int num_partitions = 1;
-    while (num_partitions < 4 * NumWorkerThreads(ctx)) num_partitions <<= 1;
+    while (num_partitions < 128 * NumWorkerThreads(ctx)) num_partitions <<= 1;
     const int shift = 64 - __builtin_ctz(num_partitions);
     auto partition_of = [&](Id id) -> int {
       return static_cast<int>(MixId(static_cast<uint64_t>(id)) >> shift);
