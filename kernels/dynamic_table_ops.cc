@@ -681,8 +681,11 @@ class DynamicTableApplyOp : public OpKernel {
       for (int v = 0; v < Update::kNumVars; ++v) rows[v] = base + v * dim;
       return true;
     };
+    const auto grad_of = [&](int64_t i, float* /*scratch*/) {
+      return grad + (grad_rows ? grad_rows[i] : i) * dim;
+    };
     ParallelFor(ctx, n, dim * 12, [&](int64_t i0, int64_t i1) {
-      UpdateRows<Update>(params, i0, i1, dim, grad, grad_rows, rows_of);
+      UpdateRows<Update>(params, i0, i1, dim, grad_of, rows_of);
     });
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));

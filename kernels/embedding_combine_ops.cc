@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "bag_gradients.h"
 #include "common.h"
+#include "fused_tables.h"
 #include "input_checks.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -69,6 +71,69 @@ REGISTER_OP("TfdeEmbeddingCombineGrad")
     .Doc(R"doc(
 Gradient of TfdeEmbeddingCombine with respect to `rows`: one summed
 gradient row per unique id (a segment sum over the ids that share it).
+)doc");
+
+REGISTER_OP("TfdeBagGradientIndex")
+    .Input("inverse: int32")
+    .Input("row_splits: Tsplits")
+    .Input("weights: float")
+    .Input("num_unique: int32")
+    .Output("segments: int64")
+    .Output("bags: int32")
+    .Output("bag_weights: float")
+    .Attr("Tsplits: {int32, int64}")
+    .Attr("combiner: {'sum', 'mean', 'sqrtn'}")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle inverse, unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &inverse));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &unused));
+      shape_inference::DimensionHandle num_unique, segments;
+      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(3, &num_unique));
+      TF_RETURN_IF_ERROR(c->Add(num_unique, 1, &segments));
+      c->set_output(0, c->Vector(segments));
+      c->set_output(1, c->Vector(c->Dim(inverse, 0)));
+      c->set_output(2, c->Vector(c->Dim(inverse, 0)));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+TfdeEmbeddingCombineGrad's result left unsummed (see kernels/bag_gradients.h):
+unique row k's gradient is sum_j bag_weights[j] * grad[bags[j]] over j in
+[segments[k], segments[k+1]), entries in id order. The sparse optimizers'
+FromBags variants take it instead of a gradient matrix.
+)doc");
+
+REGISTER_OP("TfdeCombineFromTables")
+    .Input("tables: num_tables * resource")
+    .Input("rows: Tindices")
+    .Input("inverse: int32")
+    .Input("row_splits: Tsplits")
+    .Input("weights: float")
+    .Output("output: float")
+    .Attr("num_tables: int >= 1")
+    .Attr("bases: list(int)")
+    .Attr("Tindices: {int32, int64}")
+    .Attr("Tsplits: {int32, int64}")
+    .Attr("combiner: {'sum', 'mean', 'sqrtn'}")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      int num_tables;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &num_tables));
+      shape_inference::ShapeHandle splits, unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(num_tables), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(num_tables + 1), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(num_tables + 2), 1, &splits));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(num_tables + 3), 1, &unused));
+      shape_inference::DimensionHandle batch;
+      TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &batch));
+      c->set_output(0, c->Matrix(batch, c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+TfdeEmbeddingCombine reading its rows straight from a group's tables:
+rows[k] is a fused row (TfdeGatherFromTables's row space), and output[b]
+combines the rows rows[inverse[i]] of sample b's ids. Equal to combining
+TfdeGatherFromTables(tables, rows), without writing the gathered rows.
 )doc");
 
 // Validates the ragged structure shared by both ops and computes, per id,
@@ -129,6 +194,57 @@ Status ComputeCoefficients(const Tensor& inverse_t, const Tensor& splits_t,
   return absl::OkStatus();
 }
 
+// The bag-gradient view of the ids (bag_gradients.h): ids grouped by unique
+// row, with their bag and coefficient.
+inline void BuildBagGradientIndex(const int32_t* inverse, int64_t n, int64_t num_unique,
+                                  const std::vector<int32_t>& bag_of,
+                                  const std::vector<float>& coefficient,
+                                  int64_t* segments, int32_t* bags, float* bag_weights) {
+  GroupByRow(inverse, n, num_unique, segments, [&](int64_t i, int64_t j) {
+    bags[j] = bag_of[i];
+    bag_weights[j] = coefficient[i];
+  });
+}
+
+template <typename Split>
+class BagGradientIndexOp : public OpKernel {
+ public:
+  explicit BagGradientIndexOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string name;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiner", &name));
+    OP_REQUIRES_OK(ctx, ParseCombiner(name, &combiner_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& inverse_t = ctx->input(0);
+    const Tensor& splits_t = ctx->input(1);
+    const Tensor& weights_t = ctx->input(2);
+    const Tensor& num_unique_t = ctx->input(3);
+    // The gradient's width does not matter here; inverse stands in for it.
+    Tensor no_grad(tensorflow::DT_FLOAT, TensorShape({splits_t.NumElements() - 1, 0}));
+    int64_t num_unique;
+    OP_REQUIRES_OK(ctx, CheckCombineGradInputs(no_grad, inverse_t, splits_t, weights_t,
+                                               num_unique_t, &num_unique));
+    std::vector<int32_t> bag_of;
+    std::vector<float> coefficient;
+    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(inverse_t, splits_t, weights_t,
+                                                   num_unique, combiner_, &bag_of,
+                                                   &coefficient));
+    const int64_t n = inverse_t.NumElements();
+    Tensor *segments_t, *bags_t, *weights_out_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique + 1}), &segments_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &bags_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &weights_out_t));
+    BuildBagGradientIndex(inverse_t.flat<int32_t>().data(), n, num_unique, bag_of,
+                          coefficient, segments_t->flat<int64_t>().data(),
+                          bags_t->flat<int32_t>().data(),
+                          weights_out_t->flat<float>().data());
+  }
+
+ private:
+  Combiner combiner_;
+};
+
 template <typename T, typename Split>
 class EmbeddingCombineOp : public OpKernel {
  public:
@@ -183,6 +299,79 @@ class EmbeddingCombineOp : public OpKernel {
   Combiner combiner_;
 };
 
+template <typename Index, typename Split>
+class CombineFromTablesOp : public OpKernel {
+ public:
+  explicit CombineFromTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadFusedTablesAttrs(ctx, &num_tables_, &bases_));
+    std::string name;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiner", &name));
+    OP_REQUIRES_OK(ctx, ParseCombiner(name, &combiner_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows_t = ctx->input(num_tables_);
+    const Tensor& inverse_t = ctx->input(num_tables_ + 1);
+    const Tensor& splits_t = ctx->input(num_tables_ + 2);
+    const Tensor& weights_t = ctx->input(num_tables_ + 3);
+    OP_REQUIRES(ctx, rows_t.dims() == 1,
+                InvalidArgument("rows must be a vector, got shape ",
+                                rows_t.shape().DebugString()));
+    // Shared locks: concurrent lookups proceed, updates wait.
+    FusedTables tables;
+    OP_REQUIRES_OK(ctx, tables.Acquire(ctx, bases_));
+    const int64_t dim = tables.dim();
+    Tensor no_rows(tensorflow::DT_FLOAT, TensorShape({rows_t.NumElements(), dim}));
+    OP_REQUIRES_OK(ctx, CheckCombineInputs(no_rows, "rows", inverse_t, splits_t, weights_t));
+    std::vector<int32_t> bag_of;
+    std::vector<float> coefficient;
+    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(inverse_t, splits_t, weights_t,
+                                                   rows_t.NumElements(), combiner_,
+                                                   &bag_of, &coefficient));
+    const Index* rows = rows_t.flat<Index>().data();
+    const int32_t* inverse = inverse_t.flat<int32_t>().data();
+    const int64_t n = inverse_t.NumElements();
+    // Every row this feature reads, resolved to its table; only these are
+    // checked (a group's other features read the rest).
+    std::vector<const float*> row_of(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = rows[inverse[i]];
+      const int t = tables.TableOf(r);
+      OP_REQUIRES(ctx, t >= 0,
+                  InvalidArgument("rows[", inverse[i], "] = ", r,
+                                  " is outside every table of the group"));
+      row_of[i] = tables.Row(t, r);
+    }
+    const Split* splits = splits_t.flat<Split>().data();
+    const int64_t batch = splits_t.NumElements() - 1;
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, dim}), &out_t));
+    float* out = out_t->flat<float>().data();
+    const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
+    ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
+      std::vector<float> acc(dim);
+      const int64_t last = splits[b1];
+      for (int64_t b = b0; b < b1; ++b) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (Split i = splits[b]; i < splits[b + 1]; ++i) {
+          if (i + kPrefetchDistance < last) {
+            PrefetchRow(row_of[i + kPrefetchDistance], dim * sizeof(float), false);
+          }
+          const float c = coefficient[i];
+          const float* row = row_of[i];
+          for (int64_t d = 0; d < dim; ++d) acc[d] += c * row[d];
+        }
+        std::copy(acc.begin(), acc.end(), out + b * dim);
+      }
+    });
+  }
+
+ private:
+  int num_tables_;
+  std::vector<int64_t> bases_;
+  Combiner combiner_;
+};
+
 template <typename T, typename Split>
 class EmbeddingCombineGradOp : public OpKernel {
  public:
@@ -209,35 +398,31 @@ class EmbeddingCombineGradOp : public OpKernel {
                                                    &coefficient));
     const int64_t n = inverse_t.NumElements();
     const int64_t dim = grad_t.dim_size(1);
-    const int32_t* inverse = inverse_t.flat<int32_t>().data();
-
-    // CSR of ids by unique row, so each output row is owned by one thread
-    // and summed without atomics, in id order (deterministic).
-    std::vector<int64_t> row_begin(num_unique + 1, 0);
-    for (int64_t i = 0; i < n; ++i) ++row_begin[inverse[i] + 1];
-    for (int64_t k = 0; k < num_unique; ++k) row_begin[k + 1] += row_begin[k];
-    std::vector<int32_t> ids_of_row(n);
-    {
-      std::vector<int64_t> cursor(row_begin.begin(), row_begin.end() - 1);
-      for (int64_t i = 0; i < n; ++i) ids_of_row[cursor[inverse[i]]++] = i;
-    }
+    std::vector<int64_t> segments(num_unique + 1);
+    std::vector<int32_t> bags(n);
+    std::vector<float> bag_weights(n);
+    BuildBagGradientIndex(inverse_t.flat<int32_t>().data(), n, num_unique, bag_of,
+                          coefficient, segments.data(), bags.data(), bag_weights.data());
+    BagGradients<T> bag_grads;
+    bag_grads.output_grad = grad_t.flat<T>().data();
+    bag_grads.num_bags = grad_t.dim_size(0);
+    bag_grads.dim = dim;
+    bag_grads.segments = segments.data();
+    bag_grads.num_rows = num_unique;
+    bag_grads.bags = bags.data();
+    bag_grads.weights = bag_weights.data();
 
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique, dim}),
                                              &out_t));
-    const T* grad = grad_t.flat<T>().data();
     T* out = out_t->flat<T>().data();
+    // Each output row is owned by one thread and summed without atomics,
+    // in id order (deterministic).
     const int64_t cost = (num_unique ? n / num_unique + 1 : 1) * dim * 2;
     ParallelFor(ctx, num_unique, cost, [&](int64_t k0, int64_t k1) {
       std::vector<float> acc(dim);
       for (int64_t k = k0; k < k1; ++k) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t j = row_begin[k]; j < row_begin[k + 1]; ++j) {
-          const int32_t i = ids_of_row[j];
-          const float c = coefficient[i];
-          const T* g = grad + static_cast<int64_t>(bag_of[i]) * dim;
-          for (int64_t d = 0; d < dim; ++d) acc[d] += c * static_cast<float>(g[d]);
-        }
+        bag_grads.Row(k, acc.data());
         T* o = out + k * dim;
         for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
       }
@@ -260,6 +445,26 @@ class EmbeddingCombineGradOp : public OpKernel {
                               .TypeConstraint<T>("T")                       \
                               .TypeConstraint<Split>("Tsplits"),            \
                           EmbeddingCombineGradOp<T, Split>);
+#define REGISTER_COMBINE_FROM_TABLES(Index, Split)                      \
+  REGISTER_KERNEL_BUILDER(Name("TfdeCombineFromTables")                 \
+                              .Device(DEVICE_CPU)                       \
+                              .TypeConstraint<Index>("Tindices")        \
+                              .TypeConstraint<Split>("Tsplits"),        \
+                          CombineFromTablesOp<Index, Split>);
+REGISTER_COMBINE_FROM_TABLES(int32_t, int32_t);
+REGISTER_COMBINE_FROM_TABLES(int32_t, int64_t);
+REGISTER_COMBINE_FROM_TABLES(int64_t, int32_t);
+REGISTER_COMBINE_FROM_TABLES(int64_t, int64_t);
+#undef REGISTER_COMBINE_FROM_TABLES
+#define REGISTER_BAG_GRADIENT_INDEX(Split)                              \
+  REGISTER_KERNEL_BUILDER(Name("TfdeBagGradientIndex")                  \
+                              .Device(DEVICE_CPU)                       \
+                              .HostMemory("num_unique")                 \
+                              .TypeConstraint<Split>("Tsplits"),        \
+                          BagGradientIndexOp<Split>);
+REGISTER_BAG_GRADIENT_INDEX(int32_t);
+REGISTER_BAG_GRADIENT_INDEX(int64_t);
+#undef REGISTER_BAG_GRADIENT_INDEX
 #define REGISTER_COMBINE_ALL_SPLITS(T) \
   REGISTER_COMBINE(T, int32_t)         \
   REGISTER_COMBINE(T, int64_t)

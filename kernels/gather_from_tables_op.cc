@@ -11,7 +11,7 @@
 
 #include "common.h"
 #include "tensorflow/core/framework/op.h"
-#include "variables.h"
+#include "fused_tables.h"
 
 namespace tfde {
 
@@ -40,54 +40,28 @@ template <typename Index>
 class GatherFromTablesOp : public OpKernel {
  public:
   explicit GatherFromTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("bases", &bases_));
-    OP_REQUIRES(ctx, static_cast<int>(bases_.size()) == num_tables_,
-                InvalidArgument("bases has ", bases_.size(),
-                                " entries for ", num_tables_, " tables"));
-    for (int t = 0; t < num_tables_; ++t) {
-      OP_REQUIRES(ctx, t == 0 ? bases_[0] == 0 : bases_[t] > bases_[t - 1],
-                  InvalidArgument("bases must start at 0 and increase, got ",
-                                  "bases[", t, "] = ", bases_[t]));
-    }
+    OP_REQUIRES_OK(ctx, ReadFusedTablesAttrs(ctx, &num_tables_, &bases_));
   }
 
   void Compute(OpKernelContext* ctx) override {
     // Shared locks: concurrent lookups proceed, updates wait.
-    LockedVariables vars;
-    OP_REQUIRES_OK(ctx, vars.Acquire(ctx, 0, num_tables_, LockMode::kShared));
-    const int64_t dim = vars.dim(0);
-    std::vector<const float*> data(num_tables_);
-    std::vector<int64_t> num_rows(num_tables_);
-    for (int t = 0; t < num_tables_; ++t) {
-      OP_REQUIRES(ctx, vars.dim(t) == dim,
-                  InvalidArgument("table ", t, " has width ", vars.dim(t),
-                                  " but table 0 has width ", dim));
-      const int64_t next = t + 1 < num_tables_ ? bases_[t + 1] : -1;
-      OP_REQUIRES(ctx, next < 0 || vars.num_rows(t) >= next - bases_[t],
-                  InvalidArgument("table ", t, " has ", vars.num_rows(t),
-                                  " rows but its range needs ", next - bases_[t]));
-      data[t] = vars.tensor(t).flat<float>().data();
-      num_rows[t] = vars.num_rows(t);
-    }
-
+    FusedTables tables;
+    OP_REQUIRES_OK(ctx, tables.Acquire(ctx, bases_));
+    const int64_t dim = tables.dim();
     const Tensor& rows_t = ctx->input(num_tables_);
     OP_REQUIRES(ctx, rows_t.dims() == 1,
                 InvalidArgument("rows must be a vector, got shape ",
                                 rows_t.shape().DebugString()));
     const int64_t m = rows_t.NumElements();
     const Index* rows = rows_t.flat<Index>().data();
-    // Resolve every row to (table, local row) first: all errors are raised
-    // before any output is written.
+    // Resolve every row to its table first: all errors are raised before
+    // any output is written.
     std::vector<int32_t> table_of(m);
     for (int64_t i = 0; i < m; ++i) {
-      const int64_t r = rows[i];
-      const int t = static_cast<int>(
-          std::upper_bound(bases_.begin(), bases_.end(), r) - bases_.begin()) - 1;
-      OP_REQUIRES(ctx, r >= 0 && t >= 0 && r - bases_[t] < num_rows[t],
-                  InvalidArgument("rows[", i, "] = ", r,
+      table_of[i] = tables.TableOf(rows[i]);
+      OP_REQUIRES(ctx, table_of[i] >= 0,
+                  InvalidArgument("rows[", i, "] = ", rows[i],
                                   " is outside every table of the group"));
-      table_of[i] = t;
     }
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m, dim}), &out_t));
@@ -96,13 +70,9 @@ class GatherFromTablesOp : public OpKernel {
       for (int64_t i = i0; i < i1; ++i) {
         if (i + kPrefetchDistance < i1) {
           const int64_t a = i + kPrefetchDistance;
-          const int ta = table_of[a];
-          PrefetchRow(data[ta] + (static_cast<int64_t>(rows[a]) - bases_[ta]) * dim,
-                      dim * sizeof(float), false);
+          PrefetchRow(tables.Row(table_of[a], rows[a]), dim * sizeof(float), false);
         }
-        const int t = table_of[i];
-        const float* src = data[t] + (static_cast<int64_t>(rows[i]) - bases_[t]) * dim;
-        std::copy_n(src, dim, out + i * dim);
+        std::copy_n(tables.Row(table_of[i], rows[i]), dim, out + i * dim);
       }
     });
   }

@@ -101,15 +101,13 @@ inline Status CheckCombineGradInputs(const Tensor& grad, const Tensor& inverse,
   return absl::OkStatus();
 }
 
-// A sparse update's `ids` (named `what`), its [k, dim] gradient, and
-// grad_rows (empty: row i of grad belongs to ids[i]; else grad[grad_rows[i]]).
-inline Status CheckUpdateInputs(const Tensor& ids, const Tensor& grad, const Tensor& grad_rows,
-                                const char* what, bool* select) {
+// A sparse update's `ids` (named `what`), the number of gradient rows it
+// reads from, and grad_rows (empty: gradient row i belongs to ids[i]; else
+// gradient row grad_rows[i]).
+inline Status CheckUpdateInputs(const Tensor& ids, int64_t grad_num_rows,
+                                const Tensor& grad_rows, const char* what, bool* select) {
   if (ids.dims() != 1) {
     return InvalidArgument(what, " must be a vector, got shape ", ids.shape().DebugString());
-  }
-  if (grad.dims() != 2) {
-    return InvalidArgument("grad must be a matrix, got shape ", grad.shape().DebugString());
   }
   if (grad_rows.dims() != 1) {
     return InvalidArgument("grad_rows must be a vector, got shape ",
@@ -117,11 +115,23 @@ inline Status CheckUpdateInputs(const Tensor& ids, const Tensor& grad, const Ten
   }
   const int64_t n = ids.NumElements();
   *select = grad_rows.NumElements() > 0;
-  if (*select ? grad_rows.NumElements() != n : grad.dim_size(0) != n) {
-    return InvalidArgument("grad has ", grad.dim_size(0), " rows and grad_rows ",
+  // No rows: nothing to read, whatever the gradient (a table of a fused
+  // group that no id of this step touched gets an empty grad_rows).
+  if (n == 0) return absl::OkStatus();
+  if (*select ? grad_rows.NumElements() != n : grad_num_rows != n) {
+    return InvalidArgument("grad has ", grad_num_rows, " rows and grad_rows ",
                            grad_rows.NumElements(), " entries but there are ", n, " ", what);
   }
   return absl::OkStatus();
+}
+
+// The same for a [k, dim] gradient matrix.
+inline Status CheckUpdateInputs(const Tensor& ids, const Tensor& grad, const Tensor& grad_rows,
+                                const char* what, bool* select) {
+  if (grad.dims() != 2) {
+    return InvalidArgument("grad must be a matrix, got shape ", grad.shape().DebugString());
+  }
+  return CheckUpdateInputs(ids, grad.dim_size(0), grad_rows, what, select);
 }
 
 // grad_rows in host memory (CPU kernels): every entry a row of grad.

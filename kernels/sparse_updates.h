@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "common.h"
 #include "kernel_params.h"
@@ -124,24 +125,24 @@ struct FtrlUpdate {
   }
 };
 
-// Applies Update to rows [begin, end) of a list: `rows_of(i, rows)` sets the
-// variables' row pointers of entry i (table row first, then slots) and
-// returns false for an entry without a row; grad_rows[i] (or i, when
-// grad_rows is null) is its gradient row. The rows of entries a few ahead
-// are prefetched: a table's rows are visited in no predictable order.
-template <typename Update, typename RowsOf>
+// Applies Update to entries [begin, end) of a list: `rows_of(i, rows)` sets
+// the variables' row pointers of entry i (table row first, then slots) and
+// returns false for an entry without a row; `grad_of(i, scratch)` returns
+// its gradient row, written to `scratch` (dim floats) if it must be
+// computed. The rows of entries a few ahead are prefetched: a table's rows
+// are visited in no predictable order.
+template <typename Update, typename GradOf, typename RowsOf>
 TFDE_VECTOR_CLONES void UpdateRows(const typename Update::Params& params,
                                    int64_t begin, int64_t end, int64_t dim,
-                                   const float* grad, const int32_t* grad_rows,
-                                   const RowsOf& rows_of) {
+                                   const GradOf& grad_of, const RowsOf& rows_of) {
   float* rows[Update::kNumVars];
+  std::vector<float> scratch(dim);
   for (int64_t i = begin; i < end; ++i) {
     if (i + kPrefetchDistance < end && rows_of(i + kPrefetchDistance, rows)) {
       for (float* row : rows) PrefetchRow(row, dim * sizeof(float), true);
     }
     if (!rows_of(i, rows)) continue;
-    const int64_t g = grad_rows ? grad_rows[i] : i;
-    Update::Row(params, rows, grad + g * dim, dim);
+    Update::Row(params, rows, grad_of(i, scratch.data()), dim);
   }
 }
 

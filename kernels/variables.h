@@ -101,6 +101,9 @@ class LockedVariables {
   // A sparse update's variables: every slot shaped like the table (the
   // first of the inputs from `first`), and `grad` as wide as its rows.
   Status CheckUpdateTargets(OpKernelContext* ctx, int first, const Tensor& grad) const {
+    return CheckUpdateTargets(ctx, first, grad.dim_size(1));
+  }
+  Status CheckUpdateTargets(OpKernelContext* ctx, int first, int64_t grad_dim) const {
     for (int v = 1; v < size(); ++v) {
       if (tensor(v).shape() != tensor(0).shape()) {
         return InvalidArgument("slot variable ", HandleFromInput(ctx, first + v).name(),
@@ -108,8 +111,8 @@ class LockedVariables {
                                " but the table has ", tensor(0).shape().DebugString());
       }
     }
-    if (grad.dim_size(1) != dim()) {
-      return InvalidArgument("grad has width ", grad.dim_size(1), " but the table has width ",
+    if (grad_dim != dim()) {
+      return InvalidArgument("grad has width ", grad_dim, " but the table has width ",
                              dim());
     }
     return absl::OkStatus();

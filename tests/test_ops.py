@@ -248,6 +248,59 @@ def test_combine_rejects_unknown_combiner(op_backend):
                                tf.constant([0, 3], tf.int64), None, "max")
 
 
+# ------------------------------------------- a group's tables, fused rows
+
+
+def _fused_group(rng, sizes, dim):
+  """Tables of one width and their fused row space (table t from bases[t])."""
+  tables = [rng.normal(size=(n, dim)).astype(np.float32) for n in sizes]
+  bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+  return tables, bases, np.concatenate(tables)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_gather_from_tables_matches_numpy(op_backend, seed, index_dtype):
+  rng = np.random.default_rng(seed)
+  tables, bases, fused = _fused_group(rng, rng.integers(1, 40, size=1 + seed % 3), 1 + seed)
+  rows = rng.integers(0, len(fused), size=int(rng.integers(0, 60))).astype(index_dtype)
+  got = tfde.ops.gather_from_tables([tf.Variable(t) for t in tables], rows, bases)
+  np.testing.assert_array_equal(got.numpy().reshape(len(rows), -1), fused[rows])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_combine_from_tables_matches_numpy(op_backend, seed, combiner):
+  """Several features of a group combine straight from its tables."""
+  rng = np.random.default_rng(seed)
+  dim = [1, 4, 16, 257][seed % 4]
+  tables, bases, fused = _fused_group(rng, rng.integers(1, 50, size=1 + seed % 3), dim)
+  features = [_random_bags(rng, batch=[1, 7, 64][(seed + f) % 3], vocab=len(fused),
+                           max_hot=[1, 3, 20][seed % 3], weighted=(seed + f) % 2 == 1)
+              for f in range(2)]
+  flats = [_combine_inputs(ids, weights) for ids, weights in features]
+  unique, inverse, _ = tfde.ops.unique_with_counts(
+      tf.constant(np.concatenate([flat for flat, _, _ in flats])))
+  parts = tf.split(inverse, [len(flat) for flat, _, _ in flats])
+  variables = [tf.Variable(t) for t in tables]
+  for (ids, weights), (_, splits, w), part in zip(features, flats, parts):
+    out = tfde.ops.combine_from_tables(variables, unique, bases, part,
+                                       tf.constant(splits), w, combiner)
+    want = oracles.combine(fused, ids, weights, combiner)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_tables_reject_rows_outside_every_table(op_backend):
+  variables = [tf.Variable(tf.zeros([3, 2])), tf.Variable(tf.zeros([4, 2]))]
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"rows\[\D*1\D*\] =\D*7\D*outside every table"):
+    tfde.ops.gather_from_tables(variables, tf.constant([6, 7], tf.int64), [0, 3])
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"rows\[\D*1\D*\] =\D*-2\D*outside every table"):
+    tfde.ops.combine_from_tables(variables, tf.constant([6, -2], tf.int64), [0, 3],
+                                 tf.constant([0, 1]), tf.constant([0, 2], tf.int64))
+
+
 # ------------------------------------------------------------ optimizers
 
 OPTIMIZERS = {
@@ -319,6 +372,113 @@ def test_optimizer_matches_keras_formulas(op_backend, kind, index_dtype,
   np.testing.assert_array_equal(table.numpy()[untouched], start[untouched])
 
 
+def _numpy_bag_index(inverse, ids, weights, combiner):
+  """Per unique row, its ids in order: (segments, bags, coefficients)."""
+  coefficients, bags = [], []
+  for b, bag in enumerate(ids):
+    w = np.ones(len(bag)) if weights is None else np.asarray(weights[b], np.float64)
+    divisor = {"sum": 1.0, "mean": w.sum(), "sqrtn": np.sqrt((w * w).sum())}[combiner]
+    coefficients += list(w / divisor if divisor else np.zeros_like(w))
+    bags += [b] * len(bag)
+  order = np.argsort(inverse, kind="stable")
+  segments = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=inverse.max(
+      initial=-1) + 1))])
+  return segments, np.array(bags)[order], np.array(coefficients)[order]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_bag_gradients_match_numpy(op_backend, seed, combiner):
+  rng = np.random.default_rng(seed)
+  dim = [1, 4, 16, 257][seed % 4]
+  vocab = [1, 30, 500][seed % 3]
+  ids, weights = _random_bags(rng, batch=[1, 7, 64][seed % 3], vocab=vocab,
+                              max_hot=[1, 3, 20][seed % 3], weighted=seed % 2 == 1)
+  flat, splits, w = _combine_inputs(ids, weights)
+  unique, inverse, _ = tfde.ops.unique_with_counts(tf.constant(flat))
+  grad = rng.normal(size=(len(ids), dim)).astype(np.float32)
+  bags = tfde.ops.bag_gradients(tf.constant(grad), inverse, tf.constant(splits), w,
+                                tf.size(unique), combiner)
+  want_segments, want_bags, want_weights = _numpy_bag_index(inverse.numpy(), ids,
+                                                            weights, combiner)
+  np.testing.assert_array_equal(bags.segments.numpy(), want_segments)
+  np.testing.assert_array_equal(bags.bags.numpy(), want_bags)
+  np.testing.assert_allclose(bags.weights.numpy(), want_weights, rtol=1e-5, atol=1e-6)
+  # What the bags stand for is the combine's gradient.
+  dense = np.zeros((vocab, dim))
+  np.add.at(dense, unique.numpy(), tfde.ops.bag_gradients_dense(bags).numpy())
+  want_grad = oracles.combine_grad_dense(vocab, grad, ids, weights, combiner)
+  np.testing.assert_allclose(dense, want_grad, rtol=1e-5, atol=1e-5)
+
+
+def _apply_from_bags(kind, table, slots, rows, bag_grads, step, hp, grad_rows=None):
+  scalars = {"sgd": ["learning_rate"], "adagrad": ["learning_rate", "epsilon"],
+             "adam": ["learning_rate", "beta_1", "beta_2", "epsilon"],
+             "ftrl": ["learning_rate", "l1", "l2", "l2_shrinkage", "beta",
+                      "learning_rate_power"]}[kind]
+  values = [hp[k] for k in scalars] + ([step] if kind == "adam" else [])
+  return tfde.ops.sparse_apply(kind, [table] + slots, tf.convert_to_tensor(rows),
+                               bag_grads, values, grad_rows)
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("split_tables", [False, True])
+def test_optimizer_from_bags_matches_keras_formulas(op_backend, kind, split_tables):
+  """The fused backward: rows updated from bags equal the Keras formulas on
+  the numpy gradient; with split_tables, two tables share one set of bags
+  (grad_rows), as a fused group's tables do."""
+  hp = OPTIMIZERS[kind]
+  rng = np.random.default_rng(11)
+  shape = (40, 5)
+  starts = [rng.normal(size=shape).astype(np.float32) for _ in range(2)]
+  tables = [tf.Variable(s) for s in starts]
+  slots = [_make_slots(kind, shape, hp) for _ in range(2)]
+  oracles_ = [oracles.NumpyOptimizer(kind, shape, **hp) for _ in range(2)]
+  want = [s.astype(np.float64) for s in starts]
+  for step in range(1, 5):
+    # Ids of a fused row space: table 0 owns [0, 40), table 1 [40, 80).
+    vocab = 2 * shape[0] if split_tables else shape[0]
+    ids, weights = _random_bags(rng, batch=9, vocab=vocab, max_hot=6, weighted=True)
+    flat, splits, w = _combine_inputs(ids, weights)
+    unique, inverse, _ = tfde.ops.unique_with_counts(tf.constant(flat))
+    grad = rng.normal(size=(len(ids), shape[1])).astype(np.float32)
+    bags = tfde.ops.bag_gradients(tf.constant(grad), inverse, tf.constant(splits), w,
+                                  tf.size(unique), "mean")
+    dense = oracles.combine_grad_dense(vocab, grad, ids, weights, "mean")
+    u = unique.numpy()
+    for t in range(2 if split_tables else 1):
+      mine = np.flatnonzero((u >= t * shape[0]) & (u < (t + 1) * shape[0]))
+      rows = u[mine] - t * shape[0]
+      _apply_from_bags(kind, tables[t], slots[t], rows, bags, step, hp,
+                       grad_rows=tf.constant(mine, tf.int32) if split_tables else None)
+      oracles_[t].apply(want[t], rows, dense[u[mine]].astype(np.float32))
+  for t in range(2 if split_tables else 1):
+    np.testing.assert_allclose(tables[t].numpy(), want[t], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+@pytest.mark.parametrize("field,value,pattern", [
+    ("bags", [0, 3, 1], r"bags\[\D*1\D*\] =\D*3\D*out of range"),
+    ("bags", [0, -1, 1], r"bags\[\D*1\D*\] =\D*-1\D*out of range"),
+    ("segments", [0, 2, 1, 3], r"segments must be non-decreasing"),
+    ("segments", [0, 1, 2, 2], r"segments\[-1\] =\D*2\D*must equal"),
+    ("weights", [1.0, 1.0], r"bag_weights has\D*2\D*elements"),
+])
+def test_optimizer_from_bad_bags_changes_nothing(op_backend, kind, field, value, pattern):
+  hp = OPTIMIZERS[kind]
+  table = tf.Variable(tf.random.normal((6, 2), seed=1))
+  slots = _make_slots(kind, (6, 2), hp)
+  before = [v.numpy().copy() for v in [table] + slots]
+  parts = dict(output_grad=tf.ones([3, 2]), segments=tf.constant([0, 1, 2, 3], tf.int64),
+               bags=tf.constant([0, 1, 2], tf.int32), weights=tf.ones([3]))
+  parts[field] = tf.constant(value, parts[field].dtype)
+  with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
+    _apply_from_bags(kind, table, slots, np.array([4, 0, 2]), tfde.ops.BagGradients(**parts),
+                     1, hp)
+  for var, old in zip([table] + slots, before):
+    np.testing.assert_array_equal(var.numpy(), old)
+
+
 def test_lazy_adam_leaves_untouched_slots(op_backend):
   table = tf.Variable(tf.ones([4, 2]))
   m, v = tf.Variable(tf.zeros([4, 2])), tf.Variable(tf.zeros([4, 2]))
@@ -352,6 +512,15 @@ def test_optimizer_rejects_grad_of_wrong_shape(op_backend):
   with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
     tfde.ops.sparse_apply_sgd(table, tf.constant([0, 1]), tf.ones([3, 3]), 0.1)
   np.testing.assert_array_equal(table.numpy(), 0)
+
+
+def test_optimizer_with_no_rows_of_a_shared_gradient_changes_nothing(op_backend):
+  """A table of a fused group that no id touched: empty indices and
+  grad_rows beside the group's whole gradient."""
+  table = tf.Variable(tf.ones([5, 2]))
+  tfde.ops.sparse_apply_sgd(table, tf.zeros([0], tf.int64), tf.ones([3, 2]), 0.1,
+                            grad_rows=tf.zeros([0], tf.int32))
+  np.testing.assert_array_equal(table.numpy(), 1)
 
 
 def test_optimizer_keeps_earlier_reads(op_backend):

@@ -173,6 +173,31 @@ def test_replica_without_ids_and_eager_mode():
                                atol=ATOL)
 
 
+@pytest.mark.parametrize("backend", [tfde.ops.KERNELS, tfde.ops.REFERENCE])
+def test_table_of_a_group_without_ids_this_step(backend):
+  """Two tables travel together; one gets no ids in a step (a ragged feature
+  whose samples are all empty): the other trains, it stays as it was."""
+  if backend == tfde.ops.KERNELS and not tfde.ops.kernels_available():
+    pytest.skip("op library unavailable")
+  with tfde.ops.backend(backend):
+    configs = {n: tfde.FeatureConfig(name=n, table=tfde.TableConfig(
+        name="t" + n, vocabulary_size=10, embedding_dim=4, combiner="sum",
+        optimizer=tfde.optimizers.SGD(learning_rate=0.1))) for n in ("a", "b")}
+    lookup = tfde.lookup.ShardedLookup(configs)
+    before = {n: lookup.tables["t" + n].shard(0).numpy().copy() for n in ("a", "b")}
+    with tf.GradientTape() as tape:
+      out = lookup({"a": tf.constant([[1, 2], [3, 1]], tf.int64),
+                    "b": tf.ragged.constant([[], []], tf.int64)})
+      loss = tf.reduce_sum(out["a"]) + tf.reduce_sum(out["b"])
+    tape.gradient(loss, lookup.trainable_variables)
+  np.testing.assert_array_equal(out["b"].numpy(), 0)
+  want = before["a"].copy()
+  for row, count in ((1, 2), (2, 1), (3, 1)):
+    want[row] -= 0.1 * count
+  np.testing.assert_allclose(lookup.tables["ta"].shard(0).numpy(), want, rtol=1e-6)
+  np.testing.assert_array_equal(lookup.tables["tb"].shard(0).numpy(), before["b"])
+
+
 def test_bytes_are_counted(strategy):
   n = strategy.num_replicas_in_sync
   configs = h.feature_configs("sgd")

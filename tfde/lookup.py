@@ -228,6 +228,7 @@ class _Group:
     self.dynamic = tables[0].is_dynamic
     self.index = {t.name: i for i, t in enumerate(tables)}
     self.num_shards = 1 if self.replicated else num_shards
+    self.width = tables[0].embedding_dim
     # Dynamic tables have no row space to fuse: each is a group of its own.
     self.layout = None if self.dynamic else sharding.FusedGroupLayout(
         [t.vocabulary_size for t in tables], self.num_shards)
@@ -428,18 +429,39 @@ class ShardedLookup(tf.Module):
       #    send each owner the local rows it must serve.
       unique, inverse, _ = ops.unique_with_counts(fused_ids)
       routed = route_to_owners(comm, unique, inverse, num_shards)
-      # 2. Local compute.
-      rows = self._gather_owned(group, replica, routed.requested)
-      # 3. Output distribution.
-      answered = answer_requesters(comm, rows, routed)
-      outputs = self._combine(features, answered, routed.answer_index, sizes, combiners)
+      # When this replica owns every row it reads (one shard), the kernels
+      # fuse the stages around the local compute, as TorchRec's batched
+      # tables do: the outputs combine each id's row straight from its
+      # table, and the optimizer sums each row's gradient from the output
+      # gradient as it applies it. Neither the gathered rows nor a [rows,
+      # dim] gradient is written. (The twins have no fused ops; composing
+      # stock ops is faster for them.)
+      all_local = routed.plan is None and ops.current_backend() == ops.KERNELS
+      # The rows this replica's ids read, one per unique id (answered in
+      # the owners' order, which answer_index follows).
+      num_rows = tf.size(unique)
+      if all_local:
+        outputs = self._combine_from_tables(group, replica, features, routed,
+                                            sizes, combiners)
+      else:
+        # 2. Local compute.
+        rows = self._gather_owned(group, replica, routed.requested)
+        # 3. Output distribution.
+        answered = answer_requesters(comm, rows, routed)
+        outputs = self._combine(features, answered, routed.answer_index, sizes, combiners)
 
       def grad_fn(*output_grads, variables=None):
-        # One gradient row per answered row, so already grouped by owner.
-        answer_grad = self._answer_grad(features, output_grads, routed.answer_index,
-                                        combiners, answered)
-        owned, summed = gradients_to_owners(comm, answer_grad, routed)
-        if group.replicated and comm.num_replicas > 1:
+        every_copy = group.replicated and comm.num_replicas > 1
+        if all_local and self.train_in_backward and not every_copy:
+          owned = routed.requested
+          summed = self._answer_grad(features, output_grads, routed.answer_index,
+                                     combiners, num_rows, group.width, as_bags=True)
+        else:
+          # One gradient row per answered row, so already grouped by owner.
+          answer_grad = self._answer_grad(features, output_grads, routed.answer_index,
+                                          combiners, num_rows, group.width)
+          owned, summed = gradients_to_owners(comm, answer_grad, routed)
+        if every_copy:
           # Every copy applies the same update: the gradients of all
           # replicas, summed per row in replica order on each of them.
           every_row = comm.all_gather(owned)
@@ -500,7 +522,7 @@ class ShardedLookup(tf.Module):
 
       def grad_fn(*output_grads, variables=None):
         answer_grad = self._answer_grad(features, output_grads, routed.answer_index,
-                                        combiners, answered)
+                                        combiners, tf.shape(answered)[0], table.embedding_dim)
         owned, summed = gradients_to_owners(comm, answer_grad, routed)
         variables = variables or []
         if not self.train_in_backward:
@@ -524,15 +546,28 @@ class ShardedLookup(tf.Module):
     return [ops.embedding_combine(answered, idx, f.row_splits, f.weights, c)
             for f, idx, c in zip(features, indices, combiners)]
 
-  def _gather_owned(self, group, replica, local_rows):
+  def _owned_shards(self, group, replica):
     shards = [t.shard(replica) for t in group.tables]
     if not self.train_in_backward:
-      # The gather reads the variables through their handles, which a tape
+      # The kernels read the variables through their handles, which a tape
       # does not see; tell it, so gradients can flow to the shards. (When
       # training in backward, watching them would only cost a copy.)
       for shard in shards:
         tape_lib.variable_accessed(shard)
-    return ops.gather_from_tables(shards, local_rows, group.layout.base)
+    return shards
+
+  def _gather_owned(self, group, replica, local_rows):
+    return ops.gather_from_tables(self._owned_shards(group, replica), local_rows,
+                                  group.layout.base)
+
+  def _combine_from_tables(self, group, replica, features, routed, sizes, combiners):
+    """Each feature's output read straight from the shards (one shard)."""
+    shards = self._owned_shards(group, replica)
+    indices = (tf.split(routed.answer_index, sizes) if len(features) > 1
+               else [routed.answer_index])
+    return [ops.combine_from_tables(shards, routed.requested, group.layout.base, idx,
+                                    f.row_splits, f.weights, c)
+            for f, idx, c in zip(features, indices, combiners)]
 
   @staticmethod
   def _table_of_rows(group, fused_rows):
@@ -555,29 +590,30 @@ class ShardedLookup(tf.Module):
                     tf.dynamic_partition(positions, table_index, count)))
 
   @staticmethod
-  def _answer_grad(features, output_grads, inverse, combiners, like_rows):
-    """Gradient w.r.t. the rows the combine read (`like_rows`)."""
-    num_unique = tf.shape(like_rows)[0]
-    grads = [tf.zeros(tf.stack([tf.size(f.row_splits) - 1,
-                                tf.shape(like_rows)[1]]), like_rows.dtype)
+  def _answer_grad(features, output_grads, inverse, combiners, num_rows, dim,
+                   as_bags=False):
+    """Gradient w.r.t. the `num_rows` rows the combine read: a [num_rows,
+    dim] matrix, or with `as_bags` a `tfde.ops.BagGradients` standing for it."""
+    grads = [tf.zeros(tf.stack([tf.size(f.row_splits) - 1, dim]), tf.float32)
              if g is None else g for f, g in zip(features, output_grads)]
     if len(features) == 1:
       f = features[0]
-      return ops.embedding_combine_grad(grads[0], inverse, f.row_splits,
-                                        f.weights, num_unique, combiners[0])
-    # One segment sum for all features: fold each feature's combiner into
-    # per-id coefficients and concatenate the ragged batches.
-    coefficients, splits, offset = [], [tf.zeros([1], tf.int64)], tf.constant(0, tf.int64)
-    for f, combiner in zip(features, combiners):
-      n = tf.size(f.ids)
-      _, coef = reference.combine_coefficients(f.row_splits, f.weights, n, combiner)
-      coefficients.append(coef)
-      splits.append(f.row_splits[1:] + offset)
-      offset += f.row_splits[-1]
-    return ops.embedding_combine_grad(tf.concat(grads, 0), inverse,
-                                      tf.concat(splits, 0),
-                                      tf.concat(coefficients, 0), num_unique,
-                                      "sum")
+      grad, splits, weights, combiner = grads[0], f.row_splits, f.weights, combiners[0]
+    else:
+      # One segment sum for all features: fold each feature's combiner into
+      # per-id coefficients and concatenate the ragged batches.
+      coefficients, splits, offset = [], [tf.zeros([1], tf.int64)], tf.constant(0, tf.int64)
+      for f, combiner in zip(features, combiners):
+        n = tf.size(f.ids)
+        _, coef = reference.combine_coefficients(f.row_splits, f.weights, n, combiner)
+        coefficients.append(coef)
+        splits.append(f.row_splits[1:] + offset)
+        offset += f.row_splits[-1]
+      grad, splits, weights, combiner = (tf.concat(grads, 0), tf.concat(splits, 0),
+                                         tf.concat(coefficients, 0), "sum")
+    if as_bags:
+      return ops.bag_gradients(grad, inverse, splits, weights, num_rows, combiner)
+    return ops.embedding_combine_grad(grad, inverse, splits, weights, num_rows, combiner)
 
   def _trackable_children(self, save_type="checkpoint", **kwargs):
     children = super()._trackable_children(save_type, **kwargs)

@@ -83,10 +83,13 @@ class SparseOptimizer:
   def apply(self, table, slots, indices, grads, step, grad_rows=None):
     """Updates table[indices] and the slots' rows; indices must be unique.
 
-    grads[k] (or grads[grad_rows[k]]) is the gradient of row indices[k].
+    grads[k] (or grads[grad_rows[k]]) is the gradient of row indices[k];
+    grads is a matrix or a `tfde.ops.BagGradients`.
     """
     variables = [table] + [slots[name] for name in self.slot_names]
-    return ops.sparse_apply(self.kind, variables, indices, tf.cast(grads, tf.float32),
+    if not isinstance(grads, ops.BagGradients):
+      grads = tf.cast(grads, tf.float32)
+    return ops.sparse_apply(self.kind, variables, indices, grads,
                             self.scalars(tf.cast(step, tf.float32)), grad_rows)
 
   def scalars(self, step):

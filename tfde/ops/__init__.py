@@ -114,14 +114,35 @@ def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
                                         num_unique, combiner)
 
 
+def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
+                        combiner="sum"):
+  """`embedding_combine` of `gather_from_tables(tables, rows, bases)`,
+  reading each id's row from its table without gathering the rows first."""
+  return _impl().combine_from_tables(tables, rows, bases, inverse, row_splits, weights,
+                                     combiner)
+
+
+BagGradients = reference.BagGradients
+bag_gradients_dense = reference.bag_gradients_dense
+
+
+def bag_gradients(grad, inverse, row_splits, weights, num_unique, combiner="sum"):
+  """`embedding_combine_grad`'s result left as a `BagGradients`: the ids of
+  each unique row, for a sparse update to sum as it applies them."""
+  segments, bags, bag_weights = _impl().bag_gradient_index(
+      inverse, row_splits, weights, num_unique, combiner)
+  return BagGradients(tf.convert_to_tensor(grad), segments, bags, bag_weights)
+
+
 def gather_from_tables(tables, rows, bases):
   """Rows of a fused row space over `tables` (table t from bases[t])."""
   return _impl().gather_from_tables(tables, rows, bases)
 
 
 # The sparse updates change var[indices[k]] (and the slots' rows) using
-# grad[k], or grad[grad_rows[k]] when grad_rows is given. Indices must be
-# unique and in range; nothing is written otherwise.
+# grad[k], or grad[grad_rows[k]] when grad_rows is given; grad is a matrix
+# or a BagGradients. Indices must be unique and in range; nothing is written
+# otherwise.
 
 
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):

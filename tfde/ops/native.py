@@ -11,6 +11,8 @@ import os
 
 import tensorflow as tf
 
+from tfde.ops import reference
+
 _LIBRARY_NAME = "_tfde_ops.so"
 _library = None
 _load_error = None
@@ -90,10 +92,33 @@ _DYNAMIC_APPLY_OPS = {kind: op.replace("tfde_sparse_apply", "tfde_dynamic_table_
                       for kind, op in _SPARSE_APPLY_OPS.items()}
 
 
+def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum"):
+  return load().tfde_bag_gradient_index(
+      tf.cast(inverse, tf.int32), row_splits, _weights_or_empty(weights),
+      tf.cast(num_unique, tf.int32), combiner=combiner)
+
+
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
+  handles = [v.handle for v in variables]
+  scalars = [_scalar(x) for x in scalars]
+  if isinstance(grad, reference.BagGradients):
+    if "GPU" in (variables[0].device or "").upper():
+      # The FromBags updates are CPU kernels: on a GPU the gradient matrix
+      # is formed first.
+      grad = reference.bag_gradients_dense(grad)
+    else:
+      op = getattr(load(), _SPARSE_APPLY_OPS[kind] + "_from_bags")
+      return op(*handles, indices, tf.cast(grad.output_grad, tf.float32), grad.segments,
+                grad.bags, grad.weights, _rows(grad_rows), *scalars)
   op = getattr(load(), _SPARSE_APPLY_OPS[kind])
-  return op(*[v.handle for v in variables], indices, grad, _rows(grad_rows),
-            *[_scalar(x) for x in scalars])
+  return op(*handles, indices, grad, _rows(grad_rows), *scalars)
+
+
+def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
+                        combiner="sum"):
+  return load().tfde_combine_from_tables(
+      [t.handle for t in tables], rows, tf.cast(inverse, tf.int32), row_splits,
+      _weights_or_empty(weights), bases=[int(b) for b in bases], combiner=combiner)
 
 
 def gather_from_tables(tables, rows, bases):

@@ -157,6 +157,87 @@ def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
   return tf.cast(out, grad.dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class BagGradients:
+  """Row gradients kept as the ids that read each row, so a lookup's
+  backward can feed the optimizer without writing a [rows, dim] gradient
+  (kernels/bag_gradients.h; TorchRec's fused backward-optimizer does the
+  same). Row k's gradient is the sum of `weights[j] * output_grad[bags[j]]`
+  over j in [segments[k], segments[k + 1]).
+
+  >>> import tensorflow as tf
+  >>> import tfde.ops
+  >>> grads = tfde.ops.bag_gradients(
+  ...     tf.constant([[1.0], [10.0]]), inverse=[0, 1, 0],
+  ...     row_splits=tf.constant([0, 2, 3], tf.int64), weights=None,
+  ...     num_unique=2, combiner="sum")
+  >>> grads.segments.numpy().tolist(), grads.bags.numpy().tolist()
+  ([0, 2, 3], [0, 1, 0])
+  >>> tfde.ops.bag_gradients_dense(grads).numpy().ravel().tolist()
+  [11.0, 1.0]
+
+  Attributes:
+    output_grad: [batch, dim] gradient of the lookup's output.
+    segments: [rows + 1] int64, where each row's entries start.
+    bags: [entries] int32, the output row (sample) of each entry.
+    weights: [entries] float32, each entry's coefficient (its weight over
+      the combiner's divisor).
+  """
+  output_grad: tf.Tensor
+  segments: tf.Tensor
+  bags: tf.Tensor
+  weights: tf.Tensor
+
+  @property
+  def num_rows(self):
+    return tf.size(self.segments, out_type=tf.int32) - 1
+
+
+def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum"):
+  inverse = tf.cast(inverse, tf.int32)
+  row_splits = tf.convert_to_tensor(row_splits)
+  num_unique = tf.cast(num_unique, tf.int32)
+  checks = _ragged_checks(inverse, row_splits, weights, num_unique)
+  with tf.control_dependencies(checks):
+    n = tf.size(inverse)
+    bag_of, coefficient = combine_coefficients(row_splits, weights, n, combiner)
+    order = tf.argsort(inverse, stable=True)
+    per_row = tf.math.bincount(inverse, minlength=num_unique, maxlength=num_unique,
+                               dtype=tf.int64)
+    segments = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(per_row)], 0)
+    return segments, tf.gather(bag_of, order), tf.gather(coefficient, order)
+
+
+def _bag_checks(grads):
+  entries = tf.size(grads.bags, out_type=tf.int64)
+  segments = grads.segments
+  bad = first_index_where((grads.bags < 0) | (grads.bags >= tf.shape(grads.output_grad)[0]))
+  return [
+      _assert(tf.size(segments) >= 1, "segments must have at least one element"),
+      _assert(tf.equal(tf.size(grads.weights, out_type=tf.int64), entries),
+              "bag_weights has ", tf.size(grads.weights), " elements but bags has ", entries),
+      _assert(tf.equal(segments[0], 0), "segments[0] must be 0, got ", segments[:1]),
+      _assert(tf.reduce_all(segments[1:] >= segments[:-1]),
+              "segments must be non-decreasing"),
+      _assert(tf.equal(segments[-1], entries), "segments[-1] = ", segments[-1:],
+              " must equal the number of bag entries, ", entries),
+      _assert(tf.equal(tf.size(bad), 0), "bags[", bad, "] = ", tf.gather(grads.bags, bad),
+              " is out of range [0, ", tf.shape(grads.output_grad)[0], ")"),
+  ]
+
+
+def bag_gradients_dense(grads):
+  """The [rows, dim] gradient matrix that `grads` stands for."""
+  with tf.control_dependencies(_bag_checks(grads)):
+    # (row_splits_to_segment_ids takes about a second for 200,000 rows.)
+    entries = tf.range(tf.size(grads.bags, out_type=tf.int64))
+    row_of_entry = tf.searchsorted(grads.segments[1:], entries, side="right",
+                                   out_type=tf.int32)
+    per_entry = (tf.gather(tf.cast(grads.output_grad, tf.float32), grads.bags)
+                 * grads.weights[:, None])
+    return tf.math.unsorted_segment_sum(per_entry, row_of_entry, grads.num_rows)
+
+
 def _update_checks(var, indices, grad):
   """Range and duplicate checks that must pass before any write."""
   indices = tf.convert_to_tensor(indices)
@@ -250,6 +331,8 @@ def _scalar_checks(kind, scalars):
 
 
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
+  if isinstance(grad, BagGradients):
+    grad = bag_gradients_dense(grad)
   grad = _select_rows(grad, grad_rows)
   checks = _update_checks(variables[0], indices, grad) + _scalar_checks(kind, scalars)
   with tf.control_dependencies(checks):
@@ -257,6 +340,12 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
     new_rows = ROW_UPDATES[kind](rows, grad, *scalars)
     return tf.group([v.scatter_update(tf.IndexedSlices(r, indices))
                      for v, r in zip(variables, new_rows)])
+
+
+def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
+                        combiner="sum"):
+  return embedding_combine(gather_from_tables(tables, rows, bases), inverse, row_splits,
+                           weights, combiner)
 
 
 def gather_from_tables(tables, rows, bases):

@@ -1,0 +1,120 @@
+// Row gradients kept as the ids that read each row (a "bag gradient"), so
+// the backward of a lookup can feed an optimizer without writing a
+// [num_unique, dim] gradient matrix first (TorchRec/FBGEMM's fused
+// backward-optimizer does the same):
+//
+//   grad(row k) = sum over j in [segments[k], segments[k+1]) of
+//                 bag_weights[j] * output_grad[bags[j]]
+//
+// `output_grad` is the lookup's [batch, dim] output gradient, `bags` the
+// sample each id belongs to and `bag_weights` the id's coefficient (its
+// weight over the combiner's divisor), listed row by row. Entries of a row
+// keep the ids' order, so the sum is deterministic and equal to
+// TfdeEmbeddingCombineGrad's.
+#ifndef TFDE_KERNELS_BAG_GRADIENTS_H_
+#define TFDE_KERNELS_BAG_GRADIENTS_H_
+
+#include <algorithm>
+#include <vector>
+
+#include "common.h"
+
+namespace tfde {
+
+// Lists entries row by row: entry i (of n) belongs to row inverse[i] and
+// goes to the next free place of that row's segment; `place(i, j)` stores
+// entry i at j. A stable counting sort, written straight into the
+// segments it returns (num_rows + 1 entries), without a cursor array.
+template <typename Place>
+void GroupByRow(const int32_t* inverse, int64_t n, int64_t num_rows, int64_t* segments,
+                const Place& place) {
+  // segments[k + 1] counts row k, then (prefix sum) is where row k ends.
+  std::fill(segments, segments + num_rows + 1, 0);
+  for (int64_t i = 0; i < n; ++i) ++segments[inverse[i] + 1];
+  for (int64_t k = 0; k < num_rows; ++k) segments[k + 1] += segments[k];
+  // segments[k] serves as row k's cursor and ends at row k's end...
+  for (int64_t i = 0; i < n; ++i) place(i, segments[inverse[i]]++);
+  // ... which is row k + 1's start: shift back by one.
+  for (int64_t k = num_rows; k > 0; --k) segments[k] = segments[k - 1];
+  segments[0] = 0;
+}
+
+// A validated view of the four bag-gradient tensors.
+template <typename T>
+struct BagGradients {
+  const T* output_grad = nullptr;
+  int64_t num_bags = 0;
+  int64_t dim = 0;
+  const int64_t* segments = nullptr;
+  int64_t num_rows = 0;  // segments has num_rows + 1 entries
+  const int32_t* bags = nullptr;
+  const float* weights = nullptr;
+
+  // Writes row k's gradient to out[0, dim).
+  void Row(int64_t k, float* out) const {
+    std::fill(out, out + dim, 0.0f);
+    for (int64_t j = segments[k]; j < segments[k + 1]; ++j) {
+      const float c = weights[j];
+      const T* g = output_grad + static_cast<int64_t>(bags[j]) * dim;
+      for (int64_t d = 0; d < dim; ++d) out[d] += c * static_cast<float>(g[d]);
+    }
+  }
+};
+
+// Checks shapes and every value (segments run from 0 to the number of
+// entries without decreasing; bags name rows of output_grad) before any
+// caller writes.
+template <typename T>
+Status ReadBagGradients(const Tensor& output_grad, const Tensor& segments,
+                        const Tensor& bags, const Tensor& weights,
+                        BagGradients<T>* out) {
+  if (output_grad.dims() != 2) {
+    return InvalidArgument("output_grad must be a matrix, got shape ",
+                           output_grad.shape().DebugString());
+  }
+  if (segments.dims() != 1 || bags.dims() != 1 || weights.dims() != 1) {
+    return InvalidArgument("segments, bags and bag_weights must be vectors, got shapes ",
+                           segments.shape().DebugString(), ", ", bags.shape().DebugString(),
+                           ", ", weights.shape().DebugString());
+  }
+  if (segments.NumElements() < 1) {
+    return InvalidArgument("segments must have at least one element");
+  }
+  const int64_t entries = bags.NumElements();
+  if (weights.NumElements() != entries) {
+    return InvalidArgument("bag_weights has ", weights.NumElements(),
+                           " elements but bags has ", entries);
+  }
+  out->output_grad = output_grad.flat<T>().data();
+  out->num_bags = output_grad.dim_size(0);
+  out->dim = output_grad.dim_size(1);
+  out->segments = segments.flat<int64_t>().data();
+  out->num_rows = segments.NumElements() - 1;
+  out->bags = bags.flat<int32_t>().data();
+  out->weights = weights.flat<float>().data();
+  if (out->segments[0] != 0) {
+    return InvalidArgument("segments[0] must be 0, got ", out->segments[0]);
+  }
+  for (int64_t k = 0; k < out->num_rows; ++k) {
+    if (out->segments[k + 1] < out->segments[k]) {
+      return InvalidArgument("segments must be non-decreasing: segments[", k + 1, "] = ",
+                             out->segments[k + 1], " < segments[", k, "] = ",
+                             out->segments[k]);
+    }
+  }
+  if (out->segments[out->num_rows] != entries) {
+    return InvalidArgument("segments[-1] = ", out->segments[out->num_rows],
+                           " must equal the number of bag entries, ", entries);
+  }
+  for (int64_t j = 0; j < entries; ++j) {
+    if (out->bags[j] < 0 || out->bags[j] >= out->num_bags) {
+      return InvalidArgument("bags[", j, "] = ", out->bags[j], " is out of range [0, ",
+                             out->num_bags, ")");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tfde
+
+#endif  // TFDE_KERNELS_BAG_GRADIENTS_H_
