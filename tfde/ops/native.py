@@ -102,7 +102,7 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
   handles = [v.handle for v in variables]
   scalars = [_scalar(x) for x in scalars]
   if isinstance(grad, reference.BagGradients):
-    if "GPU" in (variables[0].device or "").upper():
+    if _on_gpu(variables[0]):
       # The FromBags updates are CPU kernels: on a GPU the gradient matrix
       # is formed first.
       grad = reference.bag_gradients_dense(grad)
@@ -114,8 +114,16 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
   return op(*handles, indices, grad, _rows(grad_rows), *scalars)
 
 
+def _on_gpu(variable):
+  return "GPU" in (variable.device or "").upper()
+
+
 def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
                         combiner="sum"):
+  if _on_gpu(tables[0]):
+    # A CPU kernel only: on a GPU, gather then combine (both have GPU kernels).
+    return embedding_combine(gather_from_tables(tables, rows, bases), inverse, row_splits,
+                             weights, combiner)
   return load().tfde_combine_from_tables(
       [t.handle for t in tables], rows, tf.cast(inverse, tf.int32), row_splits,
       _weights_or_empty(weights), bases=[int(b) for b in bases], combiner=combiner)
