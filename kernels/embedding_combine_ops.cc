@@ -7,6 +7,7 @@
 // sqrt(sum_i w_i^2) ("sqrtn"), and a zero divisor gives zeros (div_no_nan),
 // as does a sample with no ids.
 
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -331,22 +332,26 @@ class CombineFromTablesOp : public OpKernel {
     const Index* rows = rows_t.flat<Index>().data();
     const int32_t* inverse = inverse_t.flat<int32_t>().data();
     const int64_t n = inverse_t.NumElements();
-    // Every row this feature reads, resolved to its table; only these are
-    // checked (a group's other features read the rest).
-    std::vector<const float*> row_of(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t r = rows[inverse[i]];
-      const int t = tables.TableOf(r);
-      OP_REQUIRES(ctx, t >= 0,
-                  InvalidArgument("rows[", inverse[i], "] = ", r,
-                                  " is outside every table of the group"));
-      row_of[i] = tables.Row(t, r);
-    }
     const Split* splits = splits_t.flat<Split>().data();
     const int64_t batch = splits_t.NumElements() - 1;
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, dim}), &out_t));
     float* out = out_t->flat<float>().data();
+    // Rows are resolved to their tables as they are read, in parallel; the
+    // first id whose row no table holds is reported after the loop (the
+    // output is ours alone, so what was written before does not matter).
+    std::atomic<int64_t> first_bad{n};
+    const auto row_of = [&](int64_t i) -> const float* {
+      const int64_t r = rows[inverse[i]];
+      const int t = tables.TableOf(r);
+      if (t < 0) {
+        int64_t seen = first_bad.load();
+        while (i < seen && !first_bad.compare_exchange_weak(seen, i)) {
+        }
+        return nullptr;
+      }
+      return tables.Row(t, r);
+    };
     const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
     ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
       std::vector<float> acc(dim);
@@ -355,15 +360,22 @@ class CombineFromTablesOp : public OpKernel {
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (Split i = splits[b]; i < splits[b + 1]; ++i) {
           if (i + kPrefetchDistance < last) {
-            PrefetchRow(row_of[i + kPrefetchDistance], dim * sizeof(float), false);
+            const float* ahead = row_of(i + kPrefetchDistance);
+            if (ahead) PrefetchRow(ahead, dim * sizeof(float), false);
           }
+          const float* row = row_of(i);
+          if (!row) continue;
           const float c = coefficient[i];
-          const float* row = row_of[i];
           for (int64_t d = 0; d < dim; ++d) acc[d] += c * row[d];
         }
         std::copy(acc.begin(), acc.end(), out + b * dim);
       }
     });
+    const int64_t bad = first_bad.load();
+    OP_REQUIRES(ctx, bad == n,
+                InvalidArgument("rows[", bad < n ? inverse[bad] : 0, "] = ",
+                                bad < n ? static_cast<int64_t>(rows[inverse[bad]]) : 0,
+                                " is outside every table of the group"));
   }
 
  private:

@@ -82,6 +82,84 @@ class GatherFromTablesOp : public OpKernel {
   std::vector<int64_t> bases_;
 };
 
+REGISTER_OP("TfdeSplitRowsByTable")
+    .Input("rows: Tindices")
+    .Output("local_rows: num_tables * Tindices")
+    .Output("positions: num_tables * int32")
+    .Attr("num_tables: int >= 1")
+    .Attr("bases: list(int)")
+    .Attr("Tindices: {int32, int64}")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      int num_tables;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &num_tables));
+      shape_inference::ShapeHandle rows;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &rows));
+      for (int i = 0; i < 2 * num_tables; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Splits fused rows by the table that owns them (table t from bases[t]):
+local_rows[t] holds rows[i] - bases[t] for each row of table t, in order,
+and positions[t] the i they came from. Rows must be >= 0; whether a row is
+inside its table is for whoever reads it (the table's size is not an input).
+)doc");
+
+template <typename Index>
+class SplitRowsByTableOp : public OpKernel {
+ public:
+  explicit SplitRowsByTableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadFusedTablesAttrs(ctx, &num_tables_, &bases_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows_t = ctx->input(0);
+    OP_REQUIRES(ctx, rows_t.dims() == 1,
+                InvalidArgument("rows must be a vector, got shape ",
+                                rows_t.shape().DebugString()));
+    const int64_t m = rows_t.NumElements();
+    const Index* rows = rows_t.flat<Index>().data();
+    std::vector<int32_t> table_of(m);
+    std::vector<int64_t> count(num_tables_, 0);
+    for (int64_t i = 0; i < m; ++i) {
+      OP_REQUIRES(ctx, rows[i] >= 0,
+                  InvalidArgument("rows[", i, "] = ", rows[i], " is negative"));
+      int t = 0;
+      while (t + 1 < num_tables_ && rows[i] >= bases_[t + 1]) ++t;
+      table_of[i] = t;
+      ++count[t];
+    }
+    std::vector<Index*> local(num_tables_);
+    std::vector<int32_t*> positions(num_tables_);
+    for (int t = 0; t < num_tables_; ++t) {
+      Tensor* local_t = nullptr;
+      Tensor* positions_t = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, TensorShape({count[t]}), &local_t));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t, TensorShape({count[t]}),
+                                               &positions_t));
+      local[t] = local_t->flat<Index>().data();
+      positions[t] = positions_t->flat<int32_t>().data();
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      const int t = table_of[i];
+      *local[t]++ = static_cast<Index>(rows[i] - bases_[t]);
+      *positions[t]++ = static_cast<int32_t>(i);
+    }
+  }
+
+ private:
+  int num_tables_;
+  std::vector<int64_t> bases_;
+};
+
+#define REGISTER_SPLIT(Index)                                      \
+  REGISTER_KERNEL_BUILDER(Name("TfdeSplitRowsByTable")             \
+                              .Device(DEVICE_CPU)                  \
+                              .TypeConstraint<Index>("Tindices"),  \
+                          SplitRowsByTableOp<Index>);
+REGISTER_SPLIT(int32_t);
+REGISTER_SPLIT(int64_t);
+#undef REGISTER_SPLIT
+
 #define REGISTER_GATHER(Index)                                     \
   REGISTER_KERNEL_BUILDER(Name("TfdeGatherFromTables")             \
                               .Device(DEVICE_CPU)                  \

@@ -290,6 +290,28 @@ def test_combine_from_tables_matches_numpy(op_backend, seed, combiner):
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_split_rows_by_table_matches_numpy(op_backend, seed, index_dtype):
+  rng = np.random.default_rng(seed)
+  sizes = rng.integers(1, 30, size=1 + seed % 4)
+  bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+  rows = rng.integers(0, sizes.sum(), size=int(rng.integers(0, 50))).astype(index_dtype)
+  parts = tfde.ops.split_rows_by_table(tf.constant(rows), bases)
+  assert len(parts) == len(sizes)
+  table_of = np.searchsorted(bases, rows, side="right") - 1
+  for t, (local, positions) in enumerate(parts):
+    want_positions = np.flatnonzero(table_of == t)
+    np.testing.assert_array_equal(positions.numpy(), want_positions)
+    np.testing.assert_array_equal(local.numpy(), rows[want_positions] - bases[t])
+
+
+def test_split_rows_by_table_rejects_negative_rows(op_backend):
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"rows\[\D*2\D*\] =\D*-4\D*negative"):
+    tfde.ops.split_rows_by_table(tf.constant([0, 5, -4], tf.int64), [0, 3])
+
+
 def test_fused_tables_reject_rows_outside_every_table(op_backend):
   variables = [tf.Variable(tf.zeros([3, 2])), tf.Variable(tf.zeros([4, 2]))]
   with pytest.raises(tf.errors.InvalidArgumentError,

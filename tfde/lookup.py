@@ -440,9 +440,10 @@ class ShardedLookup(tf.Module):
       # The rows this replica's ids read, one per unique id (answered in
       # the owners' order, which answer_index follows).
       num_rows = tf.size(unique)
+      # The features as one ragged batch, for the fused forward and backward.
+      batch = self._as_one_batch(features, combiners)
       if all_local:
-        outputs = self._combine_from_tables(group, replica, features, routed,
-                                            sizes, combiners)
+        outputs = self._combine_from_tables(group, replica, features, routed, batch)
       else:
         # 2. Local compute.
         rows = self._gather_owned(group, replica, routed.requested)
@@ -455,11 +456,11 @@ class ShardedLookup(tf.Module):
         if all_local and self.train_in_backward and not every_copy:
           owned = routed.requested
           summed = self._answer_grad(features, output_grads, routed.answer_index,
-                                     combiners, num_rows, group.width, as_bags=True)
+                                     batch, num_rows, group.width, as_bags=True)
         else:
           # One gradient row per answered row, so already grouped by owner.
           answer_grad = self._answer_grad(features, output_grads, routed.answer_index,
-                                          combiners, num_rows, group.width)
+                                          batch, num_rows, group.width)
           owned, summed = gradients_to_owners(comm, answer_grad, routed)
         if every_copy:
           # Every copy applies the same update: the gradients of all
@@ -522,7 +523,8 @@ class ShardedLookup(tf.Module):
 
       def grad_fn(*output_grads, variables=None):
         answer_grad = self._answer_grad(features, output_grads, routed.answer_index,
-                                        combiners, tf.shape(answered)[0], table.embedding_dim)
+                                        self._as_one_batch(features, combiners),
+                                        tf.shape(answered)[0], table.embedding_dim)
         owned, summed = gradients_to_owners(comm, answer_grad, routed)
         variables = variables or []
         if not self.train_in_backward:
@@ -560,57 +562,61 @@ class ShardedLookup(tf.Module):
     return ops.gather_from_tables(self._owned_shards(group, replica), local_rows,
                                   group.layout.base)
 
-  def _combine_from_tables(self, group, replica, features, routed, sizes, combiners):
-    """Each feature's output read straight from the shards (one shard)."""
+  def _combine_from_tables(self, group, replica, features, routed, batch):
+    """Each feature's output read straight from the shards (one shard): one
+    op for all the group's features."""
     shards = self._owned_shards(group, replica)
-    indices = (tf.split(routed.answer_index, sizes) if len(features) > 1
-               else [routed.answer_index])
-    return [ops.combine_from_tables(shards, routed.requested, group.layout.base, idx,
-                                    f.row_splits, f.weights, c)
-            for f, idx, c in zip(features, indices, combiners)]
+    splits, weights, combiner = batch
+    out = ops.combine_from_tables(shards, routed.requested, group.layout.base,
+                                  routed.answer_index, splits, weights, combiner)
+    outputs = [out] if len(features) == 1 else tf.split(
+        out, [tf.size(f.row_splits) - 1 for f in features])
+    for f, o in zip(features, outputs):
+      o.set_shape([f.row_splits.shape[0] - 1 if f.row_splits.shape[0] else None,
+                   group.width])
+    return outputs
 
   @staticmethod
-  def _table_of_rows(group, fused_rows):
-    base = tf.constant(group.layout.base, tf.int64)
-    table_index = tf.cast(
-        tf.searchsorted(base, fused_rows, side="right"), tf.int32) - 1
-    return table_index, fused_rows - tf.gather(base, table_index)
-
-  def _split_by_table(self, group, fused_rows):
+  def _split_by_table(group, fused_rows):
     """Per table: (its local rows, which gradient rows belong to them).
 
     Only the small index vectors are partitioned; the optimizers read the
     gradient rows in place (grad_rows)."""
     if len(group.tables) == 1:
       return [(fused_rows, None)]
-    table_index, rows = self._table_of_rows(group, fused_rows)
-    count = len(group.tables)
-    positions = tf.range(tf.size(rows, out_type=tf.int32))
-    return list(zip(tf.dynamic_partition(rows, table_index, count),
-                    tf.dynamic_partition(positions, table_index, count)))
+    return ops.split_rows_by_table(fused_rows, group.layout.base)
 
   @staticmethod
-  def _answer_grad(features, output_grads, inverse, combiners, num_rows, dim,
-                   as_bags=False):
-    """Gradient w.r.t. the `num_rows` rows the combine read: a [num_rows,
-    dim] matrix, or with `as_bags` a `tfde.ops.BagGradients` standing for it."""
+  def _as_one_batch(features, combiners):
+    """The features as one ragged batch: (row_splits, weights, combiner).
+
+    Several features fold each one's combiner into per-id coefficients
+    (the weights of a "sum") and concatenate their samples, so one combine
+    or gradient op serves them all."""
+    if len(features) == 1:
+      return features[0].row_splits, features[0].weights, combiners[0]
+    needs_weights = any(f.weights is not None or c != "sum"
+                        for f, c in zip(features, combiners))
+    coefficients, splits, offset = [], [tf.zeros([1], tf.int64)], tf.constant(0, tf.int64)
+    for f, combiner in zip(features, combiners):
+      if needs_weights:
+        _, coef = reference.combine_coefficients(f.row_splits, f.weights,
+                                                 tf.size(f.ids), combiner)
+        coefficients.append(coef)
+      splits.append(f.row_splits[1:] + offset)
+      offset += f.row_splits[-1]
+    return (tf.concat(splits, 0), tf.concat(coefficients, 0) if needs_weights else None,
+            "sum")
+
+  @staticmethod
+  def _answer_grad(features, output_grads, inverse, batch, num_rows, dim, as_bags=False):
+    """Gradient w.r.t. the `num_rows` rows the combine read, given the
+    features as one batch (`_as_one_batch`): a [num_rows, dim] matrix, or
+    with `as_bags` a `tfde.ops.BagGradients` standing for it."""
     grads = [tf.zeros(tf.stack([tf.size(f.row_splits) - 1, dim]), tf.float32)
              if g is None else g for f, g in zip(features, output_grads)]
-    if len(features) == 1:
-      f = features[0]
-      grad, splits, weights, combiner = grads[0], f.row_splits, f.weights, combiners[0]
-    else:
-      # One segment sum for all features: fold each feature's combiner into
-      # per-id coefficients and concatenate the ragged batches.
-      coefficients, splits, offset = [], [tf.zeros([1], tf.int64)], tf.constant(0, tf.int64)
-      for f, combiner in zip(features, combiners):
-        n = tf.size(f.ids)
-        _, coef = reference.combine_coefficients(f.row_splits, f.weights, n, combiner)
-        coefficients.append(coef)
-        splits.append(f.row_splits[1:] + offset)
-        offset += f.row_splits[-1]
-      grad, splits, weights, combiner = (tf.concat(grads, 0), tf.concat(splits, 0),
-                                         tf.concat(coefficients, 0), "sum")
+    grad = grads[0] if len(grads) == 1 else tf.concat(grads, 0)
+    splits, weights, combiner = batch
     if as_bags:
       return ops.bag_gradients(grad, inverse, splits, weights, num_rows, combiner)
     return ops.embedding_combine_grad(grad, inverse, splits, weights, num_rows, combiner)

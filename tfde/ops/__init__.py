@@ -114,6 +114,12 @@ def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
                                         num_unique, combiner)
 
 
+def split_rows_by_table(rows, bases):
+  """Per table of a fused row space (table t from bases[t]): (its rows,
+  local to the table, and their positions in `rows`)."""
+  return _impl().split_rows_by_table(rows, bases)
+
+
 def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
                         combiner="sum"):
   """`embedding_combine` of `gather_from_tables(tables, rows, bases)`,

@@ -129,6 +129,12 @@ def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
       _weights_or_empty(weights), bases=[int(b) for b in bases], combiner=combiner)
 
 
+def split_rows_by_table(rows, bases):
+  local_rows, positions = load().tfde_split_rows_by_table(
+      rows, num_tables=len(bases), bases=[int(b) for b in bases])
+  return list(zip(local_rows, positions))
+
+
 def gather_from_tables(tables, rows, bases):
   return load().tfde_gather_from_tables([t.handle for t in tables], rows,
                                         bases=[int(b) for b in bases])

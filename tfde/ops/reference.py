@@ -342,6 +342,20 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
                      for v, r in zip(variables, new_rows)])
 
 
+def split_rows_by_table(rows, bases):
+  rows = tf.convert_to_tensor(rows)
+  bad = first_index_where(rows < 0)
+  check = _assert(tf.equal(tf.size(bad), 0), "rows[", bad, "] = ", tf.gather(rows, bad),
+                  " is negative")
+  with tf.control_dependencies([check]):
+    base = tf.constant([int(b) for b in bases], rows.dtype)
+    table_index = tf.cast(tf.searchsorted(base, rows, side="right"), tf.int32) - 1
+    local = rows - tf.gather(base, table_index)
+    positions = tf.range(tf.size(rows, out_type=tf.int32))
+    return list(zip(tf.dynamic_partition(local, table_index, len(bases)),
+                    tf.dynamic_partition(positions, table_index, len(bases))))
+
+
 def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
                         combiner="sum"):
   return embedding_combine(gather_from_tables(tables, rows, bases), inverse, row_splits,
