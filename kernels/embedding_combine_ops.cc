@@ -355,15 +355,22 @@ class CombineFromTablesOp : public OpKernel {
     const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
     ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
       std::vector<float> acc(dim);
-      const int64_t last = splits[b1];
+      const int64_t first = splits[b0], last = splits[b1];
+      // Each id's row is resolved once, kPrefetchDistance ids ahead of its
+      // use, prefetched, and kept in a ring until then.
+      const float* ring[kPrefetchDistance];
+      for (int64_t k = first; k < std::min(first + kPrefetchDistance, last); ++k) {
+        ring[k % kPrefetchDistance] = row_of(k);
+      }
       for (int64_t b = b0; b < b1; ++b) {
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (Split i = splits[b]; i < splits[b + 1]; ++i) {
+          const float* row = ring[i % kPrefetchDistance];
           if (i + kPrefetchDistance < last) {
             const float* ahead = row_of(i + kPrefetchDistance);
             if (ahead) PrefetchRow(ahead, dim * sizeof(float), false);
+            ring[i % kPrefetchDistance] = ahead;
           }
-          const float* row = row_of(i);
           if (!row) continue;
           const float c = coefficient[i];
           for (int64_t d = 0; d < dim; ++d) acc[d] += c * row[d];

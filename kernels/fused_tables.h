@@ -60,8 +60,15 @@ class FusedTables {
 
   // The table holding fused row r, or -1 if none does.
   int TableOf(int64_t r) const {
-    const int t = static_cast<int>(
-        std::upper_bound(bases_.begin(), bases_.end(), r) - bases_.begin()) - 1;
+    const int num_tables = static_cast<int>(bases_.size());
+    int t = 0;
+    if (num_tables <= 8) {
+      // Groups hold a few tables: a scan beats a binary search.
+      while (t + 1 < num_tables && r >= bases_[t + 1]) ++t;
+    } else {
+      t = static_cast<int>(std::upper_bound(bases_.begin(), bases_.end(), r) -
+                           bases_.begin()) - 1;
+    }
     return r >= 0 && t >= 0 && r - bases_[t] < num_rows_[t] ? t : -1;
   }
   const float* Row(int t, int64_t r) const { return data_[t] + (r - bases_[t]) * dim_; }
