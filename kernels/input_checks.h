@@ -8,6 +8,8 @@
 #include <limits>
 #include <string>
 
+#include <vector>
+
 #include "common.h"
 #include "kernel_params.h"
 
@@ -142,6 +144,46 @@ inline Status CheckGradRowsRange(const Tensor& grad_rows, int64_t grad_num_rows)
       return InvalidArgument("grad_rows[", i, "] = ", rows[i], " is out of range [0, ",
                              grad_num_rows, ")");
     }
+  }
+  return absl::OkStatus();
+}
+
+// A sparse update's row indices in host memory: each in [0, num_rows) and
+// none repeated. A bitmap of the table's rows is cheaper than a hash map
+// while the table is not much larger than the batch (the usual case); a
+// huge table with few rows gets the hash map.
+template <typename Index>
+Status CheckUpdateRows(const Index* indices, int64_t n, int64_t num_rows) {
+  const auto out_of_range = [&](int64_t i) {
+    return InvalidArgument("indices[", i, "] = ", indices[i], " is out of range [0, ",
+                           num_rows, ")");
+  };
+  const auto repeated = [&](int64_t i, int64_t first) {
+    return InvalidArgument("indices[", i, "] = ", indices[i], " repeats indices[", first,
+                           "]; sum the gradients of a row before applying them");
+  };
+  if (num_rows <= 256 * n) {
+    std::vector<uint64_t> seen((num_rows + 63) / 64, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const Index row = indices[i];
+      if (row < 0 || row >= num_rows) return out_of_range(i);
+      uint64_t& word = seen[row >> 6];
+      const uint64_t bit = uint64_t{1} << (row & 63);
+      if (word & bit) {
+        int64_t first = 0;
+        while (indices[first] != row) ++first;
+        return repeated(i, first);
+      }
+      word |= bit;
+    }
+    return absl::OkStatus();
+  }
+  IdIndexMap<Index> seen(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (indices[i] < 0 || indices[i] >= num_rows) return out_of_range(i);
+    bool inserted;
+    const int32_t first = seen.FindOrInsert(indices[i], static_cast<int32_t>(i), &inserted);
+    if (!inserted) return repeated(i, first);
   }
   return absl::OkStatus();
 }

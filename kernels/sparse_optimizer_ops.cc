@@ -186,21 +186,7 @@ class SparseApplyOp : public OpKernel {
     const int64_t dim = vars.dim();
     const int64_t num_rows = vars.num_rows();
     const Index* indices = indices_t.flat<Index>().data();
-    IdIndexMap<Index> seen(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const Index row = indices[i];
-      OP_REQUIRES(ctx, row >= 0 && row < num_rows,
-                  InvalidArgument("indices[", i, "] = ", row,
-                                  " is out of range [0, ", num_rows, ")"));
-      bool inserted;
-      const int32_t first =
-          seen.FindOrInsert(row, static_cast<int32_t>(i), &inserted);
-      OP_REQUIRES(ctx, inserted,
-                  InvalidArgument("indices[", i, "] = ", row,
-                                  " repeats indices[", first,
-                                  "]; sum the gradients of a row before "
-                                  "applying them"));
-    }
+    OP_REQUIRES_OK(ctx, CheckUpdateRows(indices, n, num_rows));
     OP_REQUIRES_OK(ctx, vars.MakeWritable(ctx));
 
     float* slots[kNumVars];

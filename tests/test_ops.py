@@ -529,6 +529,18 @@ def test_optimizer_bad_rows_change_nothing(op_backend, kind, rows, pattern):
     np.testing.assert_array_equal(var.numpy(), old)
 
 
+@pytest.mark.parametrize("num_rows", [8, 5000])
+def test_optimizer_repeated_row_in_small_and_large_tables(op_backend, num_rows):
+  """The repeat check for a table near the batch's size and for one far
+  larger (kernels: a bitmap of the rows, or a hash map of the indices)."""
+  table = tf.Variable(tf.ones([num_rows, 2]))
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"indices\[\D*3\D*\] =\D*7\D*repeats indices\[\D*1\D"):
+    tfde.ops.sparse_apply_sgd(table, tf.constant([2, 7, 5, 7], tf.int64), tf.ones([4, 2]),
+                              0.1)
+  np.testing.assert_array_equal(table.numpy(), 1)
+
+
 def test_optimizer_rejects_grad_of_wrong_shape(op_backend):
   table = tf.Variable(tf.zeros([5, 3]))
   with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
