@@ -142,18 +142,26 @@ def embedding_combine(rows, inverse, row_splits, weights=None, combiner="sum"):
   return tf.cast(out, rows.dtype)
 
 
+def _checked_coefficients(inverse, row_splits, weights, num_unique, combiner):
+  """(inverse, each id's sample, each id's coefficient), after the checks of
+  the combine's gradient inputs."""
+  inverse = tf.cast(inverse, tf.int32)
+  row_splits = tf.convert_to_tensor(row_splits)
+  checks = _ragged_checks(inverse, row_splits, weights, tf.cast(num_unique, tf.int32))
+  with tf.control_dependencies(checks):
+    bag_of, coefficient = combine_coefficients(row_splits, weights, tf.size(inverse),
+                                               combiner)
+    return tf.identity(inverse), bag_of, coefficient
+
+
 def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
                            combiner="sum"):
   grad = tf.convert_to_tensor(grad)
-  inverse = tf.cast(inverse, tf.int32)
-  row_splits = tf.convert_to_tensor(row_splits)
   num_unique = tf.cast(num_unique, tf.int32)
-  checks = _ragged_checks(inverse, row_splits, weights, num_unique)
-  with tf.control_dependencies(checks):
-    n = tf.size(inverse)
-    segment_ids, coefficient = combine_coefficients(row_splits, weights, n, combiner)
-    per_id = tf.cast(tf.gather(grad, segment_ids), tf.float32) * coefficient[:, None]
-    out = tf.math.unsorted_segment_sum(per_id, inverse, num_unique)
+  inverse, segment_ids, coefficient = _checked_coefficients(inverse, row_splits, weights,
+                                                            num_unique, combiner)
+  per_id = tf.cast(tf.gather(grad, segment_ids), tf.float32) * coefficient[:, None]
+  out = tf.math.unsorted_segment_sum(per_id, inverse, num_unique)
   return tf.cast(out, grad.dtype)
 
 
@@ -194,18 +202,14 @@ class BagGradients:
 
 
 def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum"):
-  inverse = tf.cast(inverse, tf.int32)
-  row_splits = tf.convert_to_tensor(row_splits)
   num_unique = tf.cast(num_unique, tf.int32)
-  checks = _ragged_checks(inverse, row_splits, weights, num_unique)
-  with tf.control_dependencies(checks):
-    n = tf.size(inverse)
-    bag_of, coefficient = combine_coefficients(row_splits, weights, n, combiner)
-    order = tf.argsort(inverse, stable=True)
-    per_row = tf.math.bincount(inverse, minlength=num_unique, maxlength=num_unique,
-                               dtype=tf.int64)
-    segments = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(per_row)], 0)
-    return segments, tf.gather(bag_of, order), tf.gather(coefficient, order)
+  inverse, bag_of, coefficient = _checked_coefficients(inverse, row_splits, weights,
+                                                       num_unique, combiner)
+  order = tf.argsort(inverse, stable=True)
+  per_row = tf.math.bincount(inverse, minlength=num_unique, maxlength=num_unique,
+                             dtype=tf.int64)
+  segments = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(per_row)], 0)
+  return segments, tf.gather(bag_of, order), tf.gather(coefficient, order)
 
 
 def _bag_checks(grads):
