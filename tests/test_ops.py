@@ -136,15 +136,22 @@ def _combine_inputs(ids, weights):
   return flat, splits, w
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
-def test_combine_and_grad_match_numpy(op_backend, seed, combiner):
+def _seeded_bags(seed):
+  """A case that varies with the seed: width 1 to 257, vocabularies of 1 to
+  500, batches of 1 to 64, weights on odd seeds. (rng, dim, vocab, ids,
+  weights)."""
   rng = np.random.default_rng(seed)
   dim = [1, 4, 16, 257][seed % 4]
   vocab = [1, 30, 500][seed % 3]
-  weighted = seed % 2 == 1
   ids, weights = _random_bags(rng, batch=[1, 7, 64][seed % 3], vocab=vocab,
-                              max_hot=[1, 3, 20][seed % 3], weighted=weighted)
+                              max_hot=[1, 3, 20][seed % 3], weighted=seed % 2 == 1)
+  return rng, dim, vocab, ids, weights
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_combine_and_grad_match_numpy(op_backend, seed, combiner):
+  rng, dim, vocab, ids, weights = _seeded_bags(seed)
   table = rng.normal(size=(vocab, dim)).astype(np.float32)
   flat, splits, w = _combine_inputs(ids, weights)
   unique, inverse, _ = tfde.ops.unique_with_counts(tf.constant(flat))
@@ -411,11 +418,7 @@ def _numpy_bag_index(inverse, ids, weights, combiner):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 def test_bag_gradients_match_numpy(op_backend, seed, combiner):
-  rng = np.random.default_rng(seed)
-  dim = [1, 4, 16, 257][seed % 4]
-  vocab = [1, 30, 500][seed % 3]
-  ids, weights = _random_bags(rng, batch=[1, 7, 64][seed % 3], vocab=vocab,
-                              max_hot=[1, 3, 20][seed % 3], weighted=seed % 2 == 1)
+  rng, dim, vocab, ids, weights = _seeded_bags(seed)
   flat, splits, w = _combine_inputs(ids, weights)
   unique, inverse, _ = tfde.ops.unique_with_counts(tf.constant(flat))
   grad = rng.normal(size=(len(ids), dim)).astype(np.float32)
