@@ -2,9 +2,11 @@
 #ifndef TFDE_KERNELS_COMMON_H_
 #define TFDE_KERNELS_COMMON_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
@@ -46,9 +48,15 @@ class IdIndexMap {
     int64_t capacity = 16;
     while (capacity < 2 * max_entries) capacity <<= 1;
     mask_ = capacity - 1;
-    keys_.resize(capacity);
+    // Keys are read only where a value marks the slot used: they need no
+    // initialisation (the map is rebuilt per call, so this is half its
+    // set-up).
+    keys_.reset(new Id[capacity]);
     values_.assign(capacity, -1);
   }
+
+  // Empties the map, keeping its capacity.
+  void Clear() { std::fill(values_.begin(), values_.end(), -1); }
 
   // Returns the index stored for `id`, inserting `next_index` if absent.
   // `inserted` tells the caller which case happened.
@@ -72,7 +80,7 @@ class IdIndexMap {
 
  private:
   uint64_t mask_;
-  std::vector<Id> keys_;
+  std::unique_ptr<Id[]> keys_;
   std::vector<int32_t> values_;
 };
 

@@ -134,9 +134,15 @@ class UniqueWithCountsOp : public OpKernel {
     std::vector<int32_t> count_at_first(n, 0);
     ParallelFor(
         ctx, num_partitions, n / num_partitions * 40, [&](int64_t p0, int64_t p1) {
+          // One map for this worker's partitions, cleared between them.
+          int64_t largest = 0;
+          for (int64_t p = p0; p < p1; ++p) {
+            largest = std::max(largest, partition_begin[p + 1] - partition_begin[p]);
+          }
+          IdIndexMap<Id> map(largest);
           for (int64_t p = p0; p < p1; ++p) {
             const int64_t begin = partition_begin[p], end = partition_begin[p + 1];
-            IdIndexMap<Id> map(end - begin);
+            if (p > p0) map.Clear();
             for (int64_t k = begin; k < end; ++k) {
               const int32_t i = by_partition[k];
               bool inserted;
@@ -155,7 +161,9 @@ class UniqueWithCountsOp : public OpKernel {
     std::vector<int32_t>& unique_index_at = by_partition;
     int32_t num_unique = 0;
     for (int64_t i = 0; i < n; ++i) {
-      if (first_position[i] == i) unique_index_at[i] = num_unique++;
+      // Branch-free: whether an element is a first occurrence is random.
+      unique_index_at[i] = num_unique;
+      num_unique += first_position[i] == i;
     }
     Tensor* unique_t = nullptr;
     Tensor* counts_t = nullptr;
