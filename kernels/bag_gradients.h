@@ -50,6 +50,27 @@ struct BagGradients {
   const int32_t* bags = nullptr;
   const float* weights = nullptr;
 
+  // Checks the entries row k reads: its segment lies inside [0, entries)
+  // in order, and its bags are rows of output_grad.
+  Status CheckRow(int64_t k) const {
+    const int64_t begin = segments[k], end = segments[k + 1];
+    if (begin < 0 || end > segments[num_rows]) {
+      return InvalidArgument("segments[", k, "] = ", begin, " and segments[", k + 1,
+                             "] = ", end, " leave [0, ", segments[num_rows], ")");
+    }
+    if (end < begin) {
+      return InvalidArgument("segments must be non-decreasing: segments[", k + 1, "] = ",
+                             end, " < segments[", k, "] = ", begin);
+    }
+    for (int64_t j = begin; j < end; ++j) {
+      if (bags[j] < 0 || bags[j] >= num_bags) {
+        return InvalidArgument("bags[", j, "] = ", bags[j], " is out of range [0, ",
+                               num_bags, ")");
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // Writes row k's gradient to out[0, dim).
   void Row(int64_t k, float* out) const {
     std::fill(out, out + dim, 0.0f);
@@ -61,9 +82,9 @@ struct BagGradients {
   }
 };
 
-// Checks shapes and every value (segments run from 0 to the number of
-// entries without decreasing; bags name rows of output_grad) before any
-// caller writes.
+// Checks shapes and the segments' ends. The values of a row's entries are
+// checked by CheckRow, for the rows a caller reads: the tables of a group
+// share one set of bags, and each update reads only its own rows.
 template <typename T>
 Status ReadBagGradients(const Tensor& output_grad, const Tensor& segments,
                         const Tensor& bags, const Tensor& weights,
@@ -95,22 +116,9 @@ Status ReadBagGradients(const Tensor& output_grad, const Tensor& segments,
   if (out->segments[0] != 0) {
     return InvalidArgument("segments[0] must be 0, got ", out->segments[0]);
   }
-  for (int64_t k = 0; k < out->num_rows; ++k) {
-    if (out->segments[k + 1] < out->segments[k]) {
-      return InvalidArgument("segments must be non-decreasing: segments[", k + 1, "] = ",
-                             out->segments[k + 1], " < segments[", k, "] = ",
-                             out->segments[k]);
-    }
-  }
   if (out->segments[out->num_rows] != entries) {
     return InvalidArgument("segments[-1] = ", out->segments[out->num_rows],
                            " must equal the number of bag entries, ", entries);
-  }
-  for (int64_t j = 0; j < entries; ++j) {
-    if (out->bags[j] < 0 || out->bags[j] >= out->num_bags) {
-      return InvalidArgument("bags[", j, "] = ", out->bags[j], " is out of range [0, ",
-                             out->num_bags, ")");
-    }
   }
   return absl::OkStatus();
 }

@@ -221,11 +221,9 @@ class BagGradientIndexOp : public OpKernel {
     const Tensor& splits_t = ctx->input(1);
     const Tensor& weights_t = ctx->input(2);
     const Tensor& num_unique_t = ctx->input(3);
-    // The gradient's width does not matter here; inverse stands in for it.
-    Tensor no_grad(tensorflow::DT_FLOAT, TensorShape({splits_t.NumElements() - 1, 0}));
     int64_t num_unique;
-    OP_REQUIRES_OK(ctx, CheckCombineGradInputs(no_grad, inverse_t, splits_t, weights_t,
-                                               num_unique_t, &num_unique));
+    OP_REQUIRES_OK(ctx, CheckRaggedInputs(inverse_t, splits_t, weights_t));
+    OP_REQUIRES_OK(ctx, ReadNumUnique(num_unique_t, &num_unique));
     std::vector<int32_t> bag_of;
     std::vector<float> coefficient;
     OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(inverse_t, splits_t, weights_t,
@@ -322,8 +320,7 @@ class CombineFromTablesOp : public OpKernel {
     FusedTables tables;
     OP_REQUIRES_OK(ctx, tables.Acquire(ctx, bases_));
     const int64_t dim = tables.dim();
-    Tensor no_rows(tensorflow::DT_FLOAT, TensorShape({rows_t.NumElements(), dim}));
-    OP_REQUIRES_OK(ctx, CheckCombineInputs(no_rows, "rows", inverse_t, splits_t, weights_t));
+    OP_REQUIRES_OK(ctx, CheckRaggedInputs(inverse_t, splits_t, weights_t));
     std::vector<int32_t> bag_of;
     std::vector<float> coefficient;
     OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(inverse_t, splits_t, weights_t,

@@ -11,8 +11,6 @@
 
 namespace tfde {
 
-// A group's tables as one fused row space, locked for reading: resolves a
-// fused row to its table's row, checking that some table holds it.
 // Reads the num_tables and bases attributes of an op over a group's tables
 // and checks them: bases starts at 0 and increases.
 inline Status ReadFusedTablesAttrs(OpKernelConstruction* ctx, int* num_tables,
@@ -32,6 +30,8 @@ inline Status ReadFusedTablesAttrs(OpKernelConstruction* ctx, int* num_tables,
   return absl::OkStatus();
 }
 
+// A group's tables as one fused row space, locked for reading: resolves a
+// fused row to its table's row, checking that some table holds it.
 class FusedTables {
  public:
   // Locks inputs [0, num_tables) shared and checks widths and ranges.

@@ -59,15 +59,10 @@ inline Status ReadInt64Scalar(OpKernelContext* ctx, int input, const char* name,
   return absl::OkStatus();
 }
 
-// Combine and its gradient: a [rows, dim] matrix (`name`), and vectors of
-// inverse indices, row splits and weights (none, or one per id).
-inline Status CheckCombineInputs(const Tensor& table_like, const char* name,
-                                 const Tensor& inverse, const Tensor& splits,
-                                 const Tensor& weights) {
-  if (table_like.dims() != 2) {
-    return InvalidArgument(name, " must be a matrix, got shape ",
-                           table_like.shape().DebugString());
-  }
+// A ragged batch of ids: vectors of inverse indices, row splits and
+// weights (none, or one per id).
+inline Status CheckRaggedInputs(const Tensor& inverse, const Tensor& splits,
+                                const Tensor& weights) {
   if (inverse.dims() != 1 || splits.dims() != 1 || weights.dims() != 1) {
     return InvalidArgument("inverse, row_splits and weights must be vectors, got shapes ",
                            inverse.shape().DebugString(), ", ",
@@ -84,17 +79,34 @@ inline Status CheckCombineInputs(const Tensor& table_like, const char* name,
   return absl::OkStatus();
 }
 
+// Combine and its gradient: a [rows, dim] matrix (`name`) and a ragged batch.
+inline Status CheckCombineInputs(const Tensor& table_like, const char* name,
+                                 const Tensor& inverse, const Tensor& splits,
+                                 const Tensor& weights) {
+  if (table_like.dims() != 2) {
+    return InvalidArgument(name, " must be a matrix, got shape ",
+                           table_like.shape().DebugString());
+  }
+  return CheckRaggedInputs(inverse, splits, weights);
+}
+
+// The number of unique rows a combine's gradient produces.
+inline Status ReadNumUnique(const Tensor& num_unique_t, int64_t* num_unique) {
+  if (!TensorShapeUtils::IsScalar(num_unique_t.shape())) {
+    return InvalidArgument("num_unique must be a scalar");
+  }
+  *num_unique = num_unique_t.scalar<int32_t>()();
+  if (*num_unique < 0) return InvalidArgument("num_unique must be >= 0, got ", *num_unique);
+  return absl::OkStatus();
+}
+
 // The gradient of combine: also the [batch, dim] output gradient and the
 // number of unique rows to produce.
 inline Status CheckCombineGradInputs(const Tensor& grad, const Tensor& inverse,
                                      const Tensor& splits, const Tensor& weights,
                                      const Tensor& num_unique_t, int64_t* num_unique) {
   TF_RETURN_IF_ERROR(CheckCombineInputs(grad, "grad", inverse, splits, weights));
-  if (!TensorShapeUtils::IsScalar(num_unique_t.shape())) {
-    return InvalidArgument("num_unique must be a scalar");
-  }
-  *num_unique = num_unique_t.scalar<int32_t>()();
-  if (*num_unique < 0) return InvalidArgument("num_unique must be >= 0, got ", *num_unique);
+  TF_RETURN_IF_ERROR(ReadNumUnique(num_unique_t, num_unique));
   const int64_t batch = splits.NumElements() - 1;
   if (grad.dim_size(0) != batch) {
     return InvalidArgument("grad has ", grad.dim_size(0), " rows but row_splits describes ",

@@ -131,6 +131,7 @@ struct DenseGradients {
     dim = t.dim_size(1);
     return absl::OkStatus();
   }
+  Status CheckRow(int64_t /*g*/) const { return absl::OkStatus(); }
   const float* Row(int64_t g, float* /*scratch*/) const { return grad + g * dim; }
 };
 
@@ -148,6 +149,7 @@ struct BagGradientRows {
     dim = bags.dim;
     return absl::OkStatus();
   }
+  Status CheckRow(int64_t g) const { return bags.CheckRow(g); }
   const float* Row(int64_t g, float* scratch) const {
     bags.Row(g, scratch);
     return scratch;
@@ -179,6 +181,9 @@ class SparseApplyOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckGradRowsRange(grad_rows_t, grads.num_rows));
     const int64_t n = indices_t.NumElements();
     const int32_t* grad_rows = select ? grad_rows_t.flat<int32_t>().data() : nullptr;
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES_OK(ctx, grads.CheckRow(grad_rows ? grad_rows[i] : i));
+    }
 
     LockedVariables vars;
     OP_REQUIRES_OK(ctx, vars.Acquire(ctx, 0, kNumVars, LockMode::kExclusive));

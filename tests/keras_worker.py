@@ -6,7 +6,6 @@ the parent wrote, then evaluates and predicts, and writes this worker's
 shards, losses and predictions to OUT/keras_{rank}.npz.
 """
 
-import argparse
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -18,10 +17,7 @@ from tests import worker_common as w  # noqa: E402
 
 
 def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--data", required=True)
-  parser.add_argument("--out", required=True)
-  args = parser.parse_args()
+  args = w.data_and_out_args()
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   rank = strategy.cluster_resolver.task_id
   import keras  # pylint: disable=g-import-not-at-top

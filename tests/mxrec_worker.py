@@ -4,7 +4,6 @@ their owner rank, gradients of the local embeddings come back through the
 exchange, the hash optimizer applies them by address. Writes this rank's
 outputs of every step and the whole table to OUT/mxrec_{rank}.npz."""
 
-import argparse
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -15,10 +14,7 @@ from tests import worker_common as w  # noqa: E402
 
 
 def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--data", required=True)
-  parser.add_argument("--out", required=True)
-  args = parser.parse_args()
+  args = w.data_and_out_args()
   import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
   hvd.init()
   rank, size = hvd.rank(), hvd.size()

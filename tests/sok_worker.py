@@ -4,7 +4,6 @@ sok.lookup_sparse on this rank's slice of each global batch and trained by
 a wrapped Keras Adam. Writes this rank's outputs of every step and both
 whole tables to OUT/sok_{rank}.npz."""
 
-import argparse
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -23,10 +22,7 @@ def sparse(rows, width=4):
 
 
 def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--data", required=True)
-  parser.add_argument("--out", required=True)
-  args = parser.parse_args()
+  args = w.data_and_out_args()
   import keras  # pylint: disable=g-import-not-at-top
   import tfde.compat.sok as sok  # pylint: disable=g-import-not-at-top
   sok.init(comm_tool="horovod")

@@ -28,6 +28,15 @@ def parser(description):
   return p
 
 
+def data_and_out_args():
+  """The arguments of a worker that reads its data from one file the
+  parent wrote and writes its results to one folder."""
+  p = argparse.ArgumentParser()
+  p.add_argument("--data", required=True)
+  p.add_argument("--out", required=True)
+  return p.parse_args()
+
+
 def start(mode):
   """(strategy, rank, number of replicas) of this process."""
   if mode == "mwms":
