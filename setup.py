@@ -154,6 +154,6 @@ setup(
         "plots": ["matplotlib"],
         "test": ["pytest", "pytest-timeout"],
     },
-    entry_points={"console_scripts": ["tfde=tfde.cli:main"]},
+    entry_points={"console_scripts": ["tfde=tfde.app.cli:main"]},
     zip_safe=False,
 )

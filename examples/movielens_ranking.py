@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfde as keras_rs  # noqa: E402  (the one line that differs)
+from tfde.app import data as tfde_data  # noqa: E402  (the MovieLens reader)
 
 BATCH_SIZE = 256
 EMBEDDING_DIMENSION = 32
@@ -29,7 +30,7 @@ def load_ratings(path):
   """(user_id, movie_id, rating) arrays from a MovieLens ratings.csv, or a
   generated stand-in with a hidden low-rank model when no path is given."""
   if path:
-    data = keras_rs.data.movielens(path)
+    data = tfde_data.movielens(path)
     return (data.features["user_id"][0], data.features["movie_id"][0],
             data.labels)
   rng = np.random.default_rng(0)

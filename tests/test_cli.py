@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from tfde import cli
+from tfde.app import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOVIELENS = os.path.join(REPO, "..", "shared", "data", "ml-latest-small", "ratings.csv")
@@ -61,7 +61,7 @@ def test_bad_configs_name_the_key(tmp_path, mutate, pattern):
 def test_bad_config_exits_with_a_message(tmp_path):
   config = json.loads(json.dumps(SMALL))
   config["training"]["epoch"] = 3
-  result = _run(["-m", "tfde.cli", "train", "--config", _write(tmp_path, config)])
+  result = _run(["-m", "tfde.app.cli", "train", "--config", _write(tmp_path, config)])
   assert result.returncode == 2
   assert "unknown key 'training.epoch'" in result.stderr
 
@@ -73,7 +73,7 @@ def test_demo_config_is_valid():
 
 def test_train_job_learns_and_writes_report(tmp_path):
   report = tmp_path / "report"
-  result = _run(["-m", "tfde.cli", "train", "--config",
+  result = _run(["-m", "tfde.app.cli", "train", "--config",
                  _write(tmp_path, SMALL), "--report-dir", str(report)])
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Epoch 3/3" in result.stdout  # the Keras progress display
@@ -104,7 +104,7 @@ def test_train_job_on_a_movielens_csv(tmp_path):
   config["replicas"] = 1
   config["model"]["bottom_mlp"] = [8]
   report = tmp_path / "report"
-  result = _run(["-m", "tfde.cli", "train", "--config", _write(tmp_path, config),
+  result = _run(["-m", "tfde.app.cli", "train", "--config", _write(tmp_path, config),
                  "--data", str(csv), "--report-dir", str(report)])
   assert result.returncode == 0, result.stderr[-3000:]
   metrics = json.loads((report / "metrics.json").read_text())

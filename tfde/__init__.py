@@ -35,7 +35,6 @@ from tfde import sharding  # noqa: E402
 from tfde import tables  # noqa: E402
 from tfde import lookup  # noqa: E402
 from tfde import layers  # noqa: E402
-from tfde import data  # noqa: E402
 from tfde import checkpoint  # noqa: E402
 from tfde import serving  # noqa: E402
 from tfde import nn  # noqa: E402

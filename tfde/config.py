@@ -11,18 +11,10 @@ True
 """
 
 import dataclasses
-import math
 from typing import Any, Optional, Sequence
 
 COMBINERS = ("sum", "mean", "sqrtn")
 PLACEMENTS = ("auto", "default_device", "sparsecore")
-
-
-def _default_initializer(embedding_dim):
-  # keras-rs's default: a truncated normal scaled by the row width.
-  import keras  # pylint: disable=g-import-not-at-top
-  return keras.initializers.TruncatedNormal(
-      mean=0.0, stddev=1.0 / math.sqrt(embedding_dim))
 
 
 UNADMITTED_VALUES = ("initial", "zeros")
@@ -167,14 +159,9 @@ class TableConfig:
       raise ValueError(f"{where}: dynamic options need vocabulary_size=None "
                        f"(a dynamic table), got vocabulary_size="
                        f"{self.vocabulary_size}")
-    if self.initializer is None:
-      self.initializer = _default_initializer(self.embedding_dim)
-    elif isinstance(self.initializer, (str, dict)):
-      import keras  # pylint: disable=g-import-not-at-top
-      try:
-        self.initializer = keras.initializers.get(self.initializer)
-      except ValueError as e:
-        raise ValueError(f"{where}: unknown initializer {self.initializer!r}") from e
+    from tfde import initializers  # pylint: disable=g-import-not-at-top
+    self.initializer = initializers.resolve(self.initializer, self.name,
+                                            self.embedding_dim)
     # Resolving the optimizer validates it (ValueError naming the option).
     from tfde import optimizers  # pylint: disable=g-import-not-at-top
     self.optimizer = optimizers.get(self.optimizer, table_name=self.name)

@@ -41,6 +41,7 @@ from tfde import comm as comm_lib
 from tfde import ops
 from tfde import sharding
 from tfde import tables as tables_lib
+from tfde.ops import checks
 from tfde.ops import reference
 
 
@@ -93,10 +94,10 @@ def flatten_feature(feature_name, table_name, inputs, weights=None):
     splits = tf.cast(inputs.row_splits, tf.int64)
     w = None
     if weights is not None:
-      checks = [reference._assert(  # pylint: disable=protected-access
+      guards = [checks.assert_that(
           tf.reduce_all(tf.equal(tf.cast(weights.row_splits, tf.int64), splits)),
           f"{where}: weights do not have the same row lengths as the ids")]
-      with tf.control_dependencies(checks):
+      with tf.control_dependencies(guards):
         w = tf.cast(weights.values, tf.float32)
     return ids, splits, w
   if isinstance(inputs, tf.SparseTensor):
@@ -119,9 +120,9 @@ def flatten_feature(feature_name, table_name, inputs, weights=None):
       same = tf.cond(same, lambda: tf.reduce_all(tf.equal(weights.indices,
                                                           inputs.indices)),
                      lambda: tf.constant(False))
-      checks = [reference._assert(  # pylint: disable=protected-access
+      guards = [checks.assert_that(
           same, f"{where}: weights do not have the same indices as the ids")]
-      with tf.control_dependencies(checks):
+      with tf.control_dependencies(guards):
         w = tf.cast(weights.values, tf.float32)
     return ids, splits, w
   inputs = tf.convert_to_tensor(inputs)
@@ -141,19 +142,19 @@ def flatten_feature(feature_name, table_name, inputs, weights=None):
     if weights.shape.rank is not None and weights.shape.rank != rank:
       raise ValueError(f"{where}: weights have shape {weights.shape} but the "
                        f"ids have shape {inputs.shape}")
-    checks = [reference._assert(  # pylint: disable=protected-access
+    guards = [checks.assert_that(
         tf.reduce_all(tf.equal(tf.shape(weights), tf.shape(inputs))),
         f"{where}: weights have shape ", tf.shape(weights),
         " but the ids have shape ", tf.shape(inputs))]
-    with tf.control_dependencies(checks):
+    with tf.control_dependencies(guards):
       w = tf.reshape(weights, [-1])
   return tf.reshape(ids, [-1]), splits, w
 
 
 def check_id_range(ids, vocabulary_size, feature_name, table_name):
   """Fails with the first out-of-range id, its position and its table."""
-  bad = reference.first_index_where((ids < 0) | (ids >= vocabulary_size))
-  check = reference._assert(  # pylint: disable=protected-access
+  bad = checks.first_index_where((ids < 0) | (ids >= vocabulary_size))
+  check = checks.assert_that(
       tf.equal(tf.size(bad), 0), _where(feature_name, table_name), ": id ",
       tf.gather(ids, bad), " at position ", bad, " is out of range [0, ",
       str(vocabulary_size), ")")

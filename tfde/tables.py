@@ -18,78 +18,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfde import comm as comm_lib
+from tfde import initializers
 from tfde import ops
 from tfde import optimizers as optimizers_lib
 from tfde import sharding
-
-# Rows generated per random draw when initialising: the values of a chunk
-# depend only on (seed, chunk index), never on the shard count.
-INIT_CHUNK_ROWS = 65536
-
-
-def _chunk_values(initializer, chunk, rows, dim, vocabulary_size, seed):
-  """Initial values of global rows [chunk*K, chunk*K + rows)."""
-  import keras  # pylint: disable=g-import-not-at-top
-  init = keras.initializers
-  shape = (rows, dim)
-  stateless_seed = tf.constant([seed, chunk], tf.int64)
-  cfg = initializer.get_config() if hasattr(initializer, "get_config") else {}
-  if isinstance(initializer, init.Zeros):
-    return tf.zeros(shape)
-  if isinstance(initializer, init.Ones):
-    return tf.ones(shape)
-  if isinstance(initializer, init.Constant):
-    return tf.fill(shape, tf.constant(cfg["value"], tf.float32))
-  if isinstance(initializer, init.TruncatedNormal):
-    return cfg["mean"] + cfg["stddev"] * tf.random.stateless_truncated_normal(
-        shape, stateless_seed)
-  if isinstance(initializer, init.RandomNormal):
-    return cfg["mean"] + cfg["stddev"] * tf.random.stateless_normal(
-        shape, stateless_seed)
-  if isinstance(initializer, init.RandomUniform):
-    return tf.random.stateless_uniform(shape, stateless_seed, cfg["minval"],
-                                       cfg["maxval"])
-  if isinstance(initializer, init.VarianceScaling):
-    # Keras's fans for a [V, D] matrix: fan_in = V, fan_out = D.
-    fan_in, fan_out = float(vocabulary_size), float(dim)
-    fan = {"fan_in": fan_in, "fan_out": fan_out,
-           "fan_avg": (fan_in + fan_out) / 2.0}[initializer.mode]
-    scale = initializer.scale / max(1.0, fan)
-    distribution = initializer.distribution
-    if distribution == "truncated_normal":
-      return (np.sqrt(scale) / 0.87962566103423978 *
-              tf.random.stateless_truncated_normal(shape, stateless_seed))
-    if distribution == "untruncated_normal":
-      return np.sqrt(scale) * tf.random.stateless_normal(shape, stateless_seed)
-    limit = np.sqrt(3.0 * scale)
-    return tf.random.stateless_uniform(shape, stateless_seed, -limit, limit)
-  return None
-
-
-def initial_shard_value(config, num_shards, shard):
-  """[ceil(V/N), D] initial rows of one shard (padding rows are zero)."""
-  vocab, dim = config.vocabulary_size, config.embedding_dim
-  per_shard = sharding.rows_per_shard(vocab, num_shards)
-  initializer = config.initializer
-  if isinstance(initializer, np.ndarray) or tf.is_tensor(initializer):
-    full = np.asarray(initializer, np.float32)
-    return sharding.shard_table(full, num_shards)[shard]
-  pieces = []
-  for chunk, start in enumerate(range(0, vocab, INIT_CHUNK_ROWS)):
-    rows = min(INIT_CHUNK_ROWS, vocab - start)
-    values = _chunk_values(initializer, chunk, rows, dim, vocab, config.seed)
-    if values is None:
-      # An initializer tfde cannot reproduce row by row: draw the whole
-      # table once (it must be deterministic for the table to be
-      # independent of N) and keep this shard's rows.
-      full = tf.convert_to_tensor(initializer(shape=(vocab, dim), dtype="float32"))
-      pieces = [full[shard::num_shards]]
-      break
-    first = (shard - start) % num_shards
-    pieces.append(tf.cast(values, tf.float32)[first::num_shards])
-  value = tf.concat(pieces, 0)
-  return tf.pad(value, [[0, per_shard - tf.shape(value)[0]], [0, 0]])
-
 
 def _switches_optimizer(table, optimizer):
   """True when `optimizer` is of another kind than the table's (new slots
@@ -141,10 +73,10 @@ class ShardedTable(tf.Module):
       device = self.comm.replica_device(replica)
       if replicated:
         suffix = f"replica_{replica}"
-        initial = initial_shard_value(config, 1, 0)
+        initial = initializers.shard_value(config, 1, 0)
       else:
         suffix = f"shard_{replica}_of_{self.num_shards}"
-        initial = initial_shard_value(config, self.num_shards, replica)
+        initial = initializers.shard_value(config, self.num_shards, replica)
       shard = comm_lib._local_variable(  # pylint: disable=protected-access
           initial, f"{config.name}/{suffix}", trainable=True, device=device)
       self.shards[replica] = shard
@@ -308,46 +240,9 @@ class ShardedTable(tf.Module):
                        f"the table is {expected}")
 
 
-def dynamic_initializer(initializer, dim, table_name):
-  """(kind, a, b) of the per-id initializer a dynamic table can reproduce
-  in its kernel: zeros, constant, uniform, normal, truncated normal, and
-  variance scaling by fan_out (the row width; fan_in would need the
-  vocabulary size, which a dynamic table does not have)."""
-  import keras  # pylint: disable=g-import-not-at-top
-  init = keras.initializers
-  cfg = initializer.get_config() if hasattr(initializer, "get_config") else {}
-  if isinstance(initializer, init.Zeros):
-    return "zeros", 0.0, 0.0
-  if isinstance(initializer, init.Ones):
-    return "constant", 1.0, 0.0
-  if isinstance(initializer, init.Constant):
-    return "constant", float(cfg["value"]), 0.0
-  if isinstance(initializer, init.TruncatedNormal):
-    return "truncated_normal", cfg["mean"], cfg["stddev"]
-  if isinstance(initializer, init.RandomNormal):
-    return "normal", cfg["mean"], cfg["stddev"]
-  if isinstance(initializer, init.RandomUniform):
-    return "uniform", cfg["minval"], cfg["maxval"]
-  # Glorot, He and Lecun initializers are VarianceScaling subclasses whose
-  # configs omit mode and distribution: read the attributes.
-  if isinstance(initializer, init.VarianceScaling) and initializer.mode == "fan_out":
-    scale = initializer.scale / max(1.0, float(dim))
-    if initializer.distribution == "truncated_normal":
-      return "truncated_normal", 0.0, float(np.sqrt(scale) / 0.87962566103423978)
-    if initializer.distribution == "untruncated_normal":
-      return "normal", 0.0, float(np.sqrt(scale))
-    limit = float(np.sqrt(3.0 * scale))
-    return "uniform", -limit, limit
-  raise ValueError(
-      f"table {table_name!r} is dynamic, and its initializer "
-      f"{type(initializer).__name__} cannot be drawn per id; use Zeros, Ones, "
-      "Constant, RandomUniform, RandomNormal, TruncatedNormal or "
-      "VarianceScaling(mode='fan_out')")
-
-
 def dynamic_spec(config):
   """The kernel-level description of a dynamic table's shards."""
-  kind, a, b = dynamic_initializer(config.initializer, config.embedding_dim,
+  kind, a, b = initializers.per_id(config.initializer, config.embedding_dim,
                                    config.name)
   optimizer = config.optimizer
   return ops.DynamicTableSpec(

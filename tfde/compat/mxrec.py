@@ -52,6 +52,7 @@ import tensorflow as tf
 
 from tfde import comm as comm_lib
 from tfde import config as config_lib
+from tfde import initializers
 from tfde import lookup as lookup_lib
 from tfde import ops
 from tfde import optimizers as optimizers_lib
@@ -180,10 +181,8 @@ def create_table(key_dtype=tf.int64, dim=None, name=None, emb_initializer=None,
     raise ValueError(f"table {name!r}: without dynamic expansion, "
                      "device_vocabulary_size bounds the table; give it")
   initializer = emb_initializer
-  if initializer is not None and not hasattr(initializer, "get_config"):
-    raise ValueError(f"table {name!r}: emb_initializer must be an initializer")
-  if initializer is not None and not _is_keras_initializer(initializer):
-    initializer = _keras_equivalent(initializer, name)
+  if initializer is not None:
+    initializer = initializers.resolve(initializer, name)
   optimizer = optimizer_list[0]
   config = config_lib.TableConfig(
       name=name, vocabulary_size=None, embedding_dim=dim, initializer=initializer,
@@ -197,31 +196,6 @@ def create_table(key_dtype=tf.int64, dim=None, name=None, emb_initializer=None,
   table = HashTable(tables_lib.DynamicTable(config, comm), optimizer)
   table.replica = comm.local_replicas()[0]
   return table
-
-
-def _is_keras_initializer(initializer):
-  import keras  # pylint: disable=g-import-not-at-top
-  return isinstance(initializer, keras.initializers.Initializer)
-
-
-def _keras_equivalent(initializer, table_name):
-  """The Keras initializer of a TF one (tf.zeros_initializer, ...)."""
-  import keras  # pylint: disable=g-import-not-at-top
-  cfg = initializer.get_config()
-  kind = type(initializer).__name__
-  if kind in ("Zeros", "zeros_initializer"):
-    return keras.initializers.Zeros()
-  if kind in ("Ones", "ones_initializer"):
-    return keras.initializers.Ones()
-  if kind in ("Constant", "constant_initializer"):
-    return keras.initializers.Constant(float(cfg["value"]))
-  if kind in ("RandomUniform", "random_uniform_initializer"):
-    return keras.initializers.RandomUniform(cfg["minval"], cfg["maxval"])
-  if kind in ("RandomNormal", "random_normal_initializer"):
-    return keras.initializers.RandomNormal(cfg["mean"], cfg["stddev"])
-  if kind in ("TruncatedNormal", "truncated_normal_initializer"):
-    return keras.initializers.TruncatedNormal(cfg["mean"], cfg["stddev"])
-  raise ValueError(f"table {table_name!r}: initializer {kind} cannot be drawn per id")
 
 
 def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None,

@@ -109,13 +109,10 @@ def DynamicVariable(dimension, initializer=None, var_type=None,  # pylint: disab
   if key_type not in (tf.int64, tf.int32) or dtype != tf.float32:
     raise ValueError(f"DynamicVariable supports int64/int32 keys and float32 "
                      f"rows, got {key_type} and {dtype}")
-  if initializer is None or initializer == "random":
-    initializer = keras.initializers.RandomUniform(-0.05, 0.05)
-  elif isinstance(initializer, (int, float)):
-    initializer = keras.initializers.Constant(float(initializer))
   config = config_lib.TableConfig(
       name=name or f"sok_dynamic_variable_{next(_names)}", vocabulary_size=None,
-      embedding_dim=int(dimension), combiner="sum", initializer=initializer)
+      embedding_dim=int(dimension), combiner="sum",
+      initializer="random" if initializer is None else initializer)
   return _process_shard(tables_lib.DynamicTable(config, comm_lib.current()),
                         "DynamicVariable")
 

@@ -26,8 +26,11 @@ import warnings
 
 import tensorflow as tf
 
+from tfde.ops import checks  # noqa: F401 (public)
 from tfde.ops import native
 from tfde.ops import reference
+from tfde.ops import types
+from tfde.ops.dynamic_store_twin import DynamicStoreTwin
 
 KERNELS = "kernels"
 REFERENCE = "reference"
@@ -128,8 +131,12 @@ def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
                                      combiner)
 
 
-BagGradients = reference.BagGradients
-bag_gradients_dense = reference.bag_gradients_dense
+BagGradients = types.BagGradients
+
+
+def bag_gradients_dense(grads):
+  """The [rows, dim] gradient matrix that a `BagGradients` stands for."""
+  return grads.dense()
 
 
 def bag_gradients(grad, inverse, row_splits, weights, num_unique, combiner="sum"):
@@ -187,8 +194,8 @@ def sparse_apply_ftrl(var, accumulator, linear, indices, grad, learning_rate,
 # lookup(ids, counts, step, insert) -> (rows, row addresses), apply(kind,
 # ids, grad, scalars, grad_rows, by_address), export(), import_(...),
 # evict(step, max_unseen_steps, max_rows) and stats(); see
-# reference.DynamicStoreTwin.
-DynamicTableSpec = reference.DynamicTableSpec
+# tfde.ops.dynamic_store_twin.DynamicStoreTwin.
+DynamicTableSpec = types.DynamicTableSpec
 dynamic_initial_values = reference.dynamic_initial_values
 
 
@@ -196,7 +203,7 @@ def dynamic_store(spec, name, device=None):
   """A new, empty dynamic table shard."""
   if current_backend() == KERNELS:
     return native.NativeDynamicStore(spec, name, device)
-  return reference.DynamicStoreTwin(spec, name, device)
+  return DynamicStoreTwin(spec, name, device)
 
 
 @tf.RegisterGradient("TfdeEmbeddingCombine")

@@ -11,7 +11,7 @@ import os
 
 import tensorflow as tf
 
-from tfde.ops import reference
+from tfde.ops import types
 
 _LIBRARY_NAME = "_tfde_ops.so"
 _library = None
@@ -101,11 +101,11 @@ def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum")
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
   handles = [v.handle for v in variables]
   scalars = [_scalar(x) for x in scalars]
-  if isinstance(grad, reference.BagGradients):
+  if isinstance(grad, types.BagGradients):
     if _on_gpu(variables[0]):
       # The FromBags updates are CPU kernels: on a GPU the gradient matrix
       # is formed first.
-      grad = reference.bag_gradients_dense(grad)
+      grad = grad.dense()
     else:
       op = getattr(load(), _SPARSE_APPLY_OPS[kind] + "_from_bags")
       return op(*handles, indices, tf.cast(grad.output_grad, tf.float32), grad.segments,
@@ -143,7 +143,7 @@ def gather_from_tables(tables, rows, bases):
 class NativeDynamicStore:
   """A dynamic table shard in the kernel's hash-table resource
   (kernels/dynamic_table_ops.cc); the interface of
-  `reference.DynamicStoreTwin`."""
+  `tfde.ops.dynamic_store_twin.DynamicStoreTwin`."""
 
   _count = 0
 

@@ -14,40 +14,13 @@ serves without tfde installed. Bad input raises the same
 ([7, 3], [0, 1, 0], [2, 1])
 """
 
-import dataclasses
-
 import tensorflow as tf
 from tensorflow.python.ops import gen_resource_variable_ops
-from tensorflow.python.ops import resource_variable_ops
 
-
-def _message(parts):
-  """The message as a string tensor: strings as they are, tensors as their
-  comma-separated elements."""
-  return tf.strings.join([
-      p if isinstance(p, str) else tf.strings.reduce_join(
-          tf.strings.as_string(tf.reshape(p, [-1])), separator=",")
-      for p in parts])
-
-
-def _assert(condition, *message):
-  """Raises InvalidArgumentError with `message` when `condition` is false.
-
-  The message parts are strings and small tensors, concatenated. Eagerly it
-  raises at once; in a graph it is an Assert op to add as a control
-  dependency of whatever it guards.
-  """
-  if tf.executing_eagerly():
-    if not bool(condition):
-      raise tf.errors.InvalidArgumentError(
-          None, None, _message(message).numpy().decode())
-    return tf.no_op()
-  return tf.debugging.Assert(condition, [_message(message)])
-
-
-def first_index_where(mask):
-  """The first i with mask[i], as a [0]- or [1]-shaped int64 tensor."""
-  return tf.reshape(tf.where(mask), [-1])[:1]
+from tfde.ops.checks import assert_that
+from tfde.ops.checks import first_index_where
+from tfde.ops.checks import first_repeat
+from tfde.ops.types import BagGradients  # noqa: F401 (sparse_apply takes one)
 
 
 def _weights_or_ones(weights, n):
@@ -67,11 +40,11 @@ def unique_with_counts(ids):
 def partition_by_shard(ids, num_shards, dynamic=False):
   ids = tf.convert_to_tensor(ids)
   num_shards = tf.cast(num_shards, tf.int32)
-  checks = [_assert(num_shards > 0, "num_shards must be positive, got ",
+  checks = [assert_that(num_shards > 0, "num_shards must be positive, got ",
                     num_shards)]
   if not dynamic:
     bad = first_index_where(ids < 0)
-    checks.append(_assert(tf.equal(tf.size(bad), 0), "ids[", bad, "] = ",
+    checks.append(assert_that(tf.equal(tf.size(bad), 0), "ids[", bad, "] = ",
                           tf.gather(ids, bad),
                           " is negative; a static table has rows "
                           "0..vocabulary_size-1"))
@@ -90,23 +63,23 @@ def partition_by_shard(ids, num_shards, dynamic=False):
 def _ragged_checks(inverse, row_splits, weights, num_rows):
   n = tf.size(inverse, out_type=row_splits.dtype)
   checks = [
-      _assert(tf.size(row_splits) >= 1,
+      assert_that(tf.size(row_splits) >= 1,
               "row_splits must have at least one element"),
-      _assert(tf.equal(row_splits[0], 0), "row_splits[0] must be 0, got ",
+      assert_that(tf.equal(row_splits[0], 0), "row_splits[0] must be 0, got ",
               row_splits[:1]),
-      _assert(tf.reduce_all(row_splits[1:] >= row_splits[:-1]),
+      assert_that(tf.reduce_all(row_splits[1:] >= row_splits[:-1]),
               "row_splits must be non-decreasing"),
-      _assert(tf.equal(row_splits[-1], n), "row_splits[-1] = ", row_splits[-1:],
+      assert_that(tf.equal(row_splits[-1], n), "row_splits[-1] = ", row_splits[-1:],
               " must equal the number of ids, ", n),
   ]
   if weights is not None:
     num_weights = tf.size(weights, out_type=row_splits.dtype)
-    checks.append(_assert(
+    checks.append(assert_that(
         tf.logical_or(tf.equal(num_weights, 0), tf.equal(num_weights, n)),
         "weights has ", num_weights, " elements but there are ", n,
         " ids; pass one weight per id or none"))
   bad = first_index_where((inverse < 0) | (inverse >= num_rows))
-  checks.append(_assert(tf.equal(tf.size(bad), 0), "inverse[", bad, "] = ",
+  checks.append(assert_that(tf.equal(tf.size(bad), 0), "inverse[", bad, "] = ",
                         tf.gather(inverse, bad), " is out of range [0, ",
                         num_rows, ")"))
   return checks
@@ -165,41 +138,6 @@ def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
   return tf.cast(out, grad.dtype)
 
 
-@dataclasses.dataclass(frozen=True)
-class BagGradients:
-  """Row gradients kept as the ids that read each row, so a lookup's
-  backward can feed the optimizer without writing a [rows, dim] gradient
-  (kernels/bag_gradients.h; TorchRec's fused backward-optimizer does the
-  same). Row k's gradient is the sum of `weights[j] * output_grad[bags[j]]`
-  over j in [segments[k], segments[k + 1]).
-
-  >>> import tensorflow as tf
-  >>> import tfde.ops
-  >>> grads = tfde.ops.bag_gradients(
-  ...     tf.constant([[1.0], [10.0]]), inverse=[0, 1, 0],
-  ...     row_splits=tf.constant([0, 2, 3], tf.int64), weights=None,
-  ...     num_unique=2, combiner="sum")
-  >>> grads.segments.numpy().tolist(), grads.bags.numpy().tolist()
-  ([0, 2, 3], [0, 1, 0])
-  >>> tfde.ops.bag_gradients_dense(grads).numpy().ravel().tolist()
-  [11.0, 1.0]
-
-  Attributes:
-    output_grad: [batch, dim] gradient of the lookup's output.
-    segments: [rows + 1] int64, where each row's entries start.
-    bags: [entries] int32, the output row (sample) of each entry.
-    weights: [entries] float32, each entry's coefficient (its weight over
-      the combiner's divisor).
-  """
-  output_grad: tf.Tensor
-  segments: tf.Tensor
-  bags: tf.Tensor
-  weights: tf.Tensor
-
-  @property
-  def num_rows(self):
-    return tf.size(self.segments, out_type=tf.int32) - 1
-
 
 def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum"):
   num_unique = tf.cast(num_unique, tf.int32)
@@ -212,34 +150,9 @@ def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum")
   return segments, tf.gather(bag_of, order), tf.gather(coefficient, order)
 
 
-def _bag_checks(grads):
-  entries = tf.size(grads.bags, out_type=tf.int64)
-  segments = grads.segments
-  bad = first_index_where((grads.bags < 0) | (grads.bags >= tf.shape(grads.output_grad)[0]))
-  return [
-      _assert(tf.size(segments) >= 1, "segments must have at least one element"),
-      _assert(tf.equal(tf.size(grads.weights, out_type=tf.int64), entries),
-              "bag_weights has ", tf.size(grads.weights), " elements but bags has ", entries),
-      _assert(tf.equal(segments[0], 0), "segments[0] must be 0, got ", segments[:1]),
-      _assert(tf.reduce_all(segments[1:] >= segments[:-1]),
-              "segments must be non-decreasing"),
-      _assert(tf.equal(segments[-1], entries), "segments[-1] = ", segments[-1:],
-              " must equal the number of bag entries, ", entries),
-      _assert(tf.equal(tf.size(bad), 0), "bags[", bad, "] = ", tf.gather(grads.bags, bad),
-              " is out of range [0, ", tf.shape(grads.output_grad)[0], ")"),
-  ]
-
-
 def bag_gradients_dense(grads):
   """The [rows, dim] gradient matrix that `grads` stands for."""
-  with tf.control_dependencies(_bag_checks(grads)):
-    # (row_splits_to_segment_ids takes about a second for 200,000 rows.)
-    entries = tf.range(tf.size(grads.bags, out_type=tf.int64))
-    row_of_entry = tf.searchsorted(grads.segments[1:], entries, side="right",
-                                   out_type=tf.int32)
-    per_entry = (tf.gather(tf.cast(grads.output_grad, tf.float32), grads.bags)
-                 * grads.weights[:, None])
-    return tf.math.unsorted_segment_sum(per_entry, row_of_entry, grads.num_rows)
+  return grads.dense()
 
 
 def _update_checks(var, indices, grad):
@@ -249,16 +162,13 @@ def _update_checks(var, indices, grad):
   n = tf.size(indices, out_type=tf.int32)
   bad = first_index_where((indices < 0) | (indices >= num_rows))
   checks = [
-      _assert(tf.equal(tf.shape(grad)[0], n), "grad has ", tf.shape(grad)[0],
+      assert_that(tf.equal(tf.shape(grad)[0], n), "grad has ", tf.shape(grad)[0],
               " rows but there are ", n, " indices"),
-      _assert(tf.equal(tf.size(bad), 0), "indices[", bad, "] = ",
+      assert_that(tf.equal(tf.size(bad), 0), "indices[", bad, "] = ",
               tf.gather(indices, bad), " is out of range [0, ", num_rows, ")"),
   ]
-  _, inverse = tf.unique(indices, out_idx=tf.int32)
-  first_position = tf.math.unsorted_segment_min(tf.range(n), inverse, n)
-  earlier = tf.gather(first_position, inverse)
-  repeat = first_index_where(tf.not_equal(earlier, tf.range(n)))
-  checks.append(_assert(
+  repeat, earlier = first_repeat(indices)
+  checks.append(assert_that(
       tf.equal(tf.size(repeat), 0), "indices[", repeat, "] = ",
       tf.gather(indices, repeat), " repeats indices[",
       tf.gather(earlier, repeat),
@@ -276,7 +186,7 @@ def _select_rows(grad, grad_rows):
     return grad
   grad_rows = tf.cast(grad_rows, tf.int32)
   bad = first_index_where((grad_rows < 0) | (grad_rows >= tf.shape(grad)[0]))
-  check = _assert(tf.equal(tf.size(bad), 0), "grad_rows[", bad, "] = ",
+  check = assert_that(tf.equal(tf.size(bad), 0), "grad_rows[", bad, "] = ",
                   tf.gather(grad_rows, bad), " is out of range [0, ",
                   tf.shape(grad)[0], ")")
   with tf.control_dependencies([check]):
@@ -327,10 +237,10 @@ ROW_UPDATES = {"sgd": sgd_rows, "adagrad": adagrad_rows,
 def _scalar_checks(kind, scalars):
   if kind == "adam":
     step = _f32(scalars[4])
-    return [_assert(step >= 1.0, "step must be >= 1 (1-based), got ", step)]
+    return [assert_that(step >= 1.0, "step must be >= 1 (1-based), got ", step)]
   if kind == "ftrl":
     lr = _f32(scalars[0])
-    return [_assert(lr > 0.0, "learning_rate must be positive, got ", lr)]
+    return [assert_that(lr > 0.0, "learning_rate must be positive, got ", lr)]
   return []
 
 
@@ -349,7 +259,7 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
 def split_rows_by_table(rows, bases):
   rows = tf.convert_to_tensor(rows)
   bad = first_index_where(rows < 0)
-  check = _assert(tf.equal(tf.size(bad), 0), "rows[", bad, "] = ", tf.gather(rows, bad),
+  check = assert_that(tf.equal(tf.size(bad), 0), "rows[", bad, "] = ", tf.gather(rows, bad),
                   " is negative")
   with tf.control_dependencies([check]):
     base = tf.constant([int(b) for b in bases], rows.dtype)
@@ -375,7 +285,7 @@ def gather_from_tables(tables, rows, bases):
   sizes = tf.cast(tf.stack([tf.shape(t)[0] for t in tables]), rows.dtype)
   bad = first_index_where((rows < 0) |
                           (local >= tf.gather(sizes, tf.maximum(table_index, 0))))
-  check = _assert(tf.equal(tf.size(bad), 0), "rows[", bad, "] = ",
+  check = assert_that(tf.equal(tf.size(bad), 0), "rows[", bad, "] = ",
                   tf.gather(rows, bad), " is outside every table of the group")
   with tf.control_dependencies([check]):
     parts = tf.dynamic_partition(local, table_index, count)
@@ -387,39 +297,9 @@ def gather_from_tables(tables, rows, bases):
     return tf.dynamic_stitch(slots, gathered)
 
 
-# ---- dynamic tables
 
 
-@dataclasses.dataclass(frozen=True)
-class DynamicTableSpec:
-  """What a dynamic table shard stores and how new rows start.
-
-  Attributes:
-    dim: embedding width.
-    slot_initial_values: one initial value per optimizer slot; each row
-      keeps its embedding and its slots side by side.
-    initializer: "zeros", "constant" (a), "uniform" (a = min, b = max),
-      "normal" or "truncated_normal" (a = mean, b = stddev; truncated at
-      two standard deviations).
-    initializer_a, initializer_b: the initializer's parameters.
-    seed: seed of the per-id initial values.
-    admit_after: sightings of an id before it gets a row (1: at once).
-    zeros_until_admitted: lookups of ids without a row give zeros instead
-      of the id's initial value.
-  """
-
-  dim: int
-  slot_initial_values: tuple = ()
-  initializer: str = "zeros"
-  initializer_a: float = 0.0
-  initializer_b: float = 0.0
-  seed: int = 0
-  admit_after: int = 1
-  zeros_until_admitted: bool = False
-
-  @property
-  def num_slots(self):
-    return 1 + len(self.slot_initial_values)
+# ---- dynamic tables' initial values
 
 
 _MIX_1 = 0xBF58476D1CE4E5B9
@@ -491,243 +371,3 @@ def embeddings_or_default(spec, ids, rows, values):
     return stored
   return tf.where(found[:, None], stored, dynamic_initial_values(spec, ids))
 
-
-def _check_unique_ids(ids):
-  n = tf.size(ids, out_type=tf.int32)
-  _, inverse = tf.unique(ids, out_idx=tf.int32)
-  first_position = tf.math.unsorted_segment_min(tf.range(n), inverse, n)
-  earlier = tf.gather(first_position, inverse)
-  repeat = first_index_where(tf.not_equal(earlier, tf.range(n)))
-  return _assert(tf.equal(tf.size(repeat), 0), "ids[", repeat, "] = ",
-                 tf.gather(ids, repeat), " repeats ids[", tf.gather(earlier, repeat),
-                 "]; sum the gradients of an id before applying them")
-
-
-def _find(table, keys):
-  """A tf.lookup table's values for keys, as a vector of known rank."""
-  return tf.reshape(table.lookup(keys), [-1])
-
-
-def _local_variable(initial_value, shape, name, device):
-  # A ResourceVariable built directly, outside any strategy's variable
-  # creator: a shard's storage must not become a mirrored variable.
-  with tf.init_scope(), tf.device(device):
-    return resource_variable_ops.ResourceVariable(
-        initial_value, shape=tf.TensorShape(shape), name=name, trainable=False)
-
-
-def _ops_of(updates):
-  """The ops of variable and table updates. A graph-mode assign returns a
-  lazy read whose graph element is a read, not the assign: depending on it
-  does not order later reads after the write."""
-  if tf.executing_eagerly():
-    return []  # eager ops run in program order
-  return [u if isinstance(u, tf.Operation) else u.op for u in updates
-          if u is not None]
-
-
-class DynamicStoreTwin:
-  """A dynamic table shard of stock TF: `tf.lookup` hash tables from id to
-  row and from id to pending sightings, and variables of rows kept compact
-  (eviction rebuilds them). Same behaviour as the kernel's resource.
-  """
-
-  _count = 0
-
-  def __init__(self, spec, name, device=None):
-    self.spec = spec
-    s, d = spec.num_slots, spec.dim
-    # Unique names: a TF1 graph shares a hash table by node name.
-    DynamicStoreTwin._count += 1
-    name = f"{name}_{DynamicStoreTwin._count}"
-    with tf.device(device):
-      self._index = tf.lookup.experimental.MutableHashTable(
-          tf.int64, tf.int64, default_value=-1, name=f"{name}_index")
-      self._pending_count = tf.lookup.experimental.MutableHashTable(
-          tf.int64, tf.int64, default_value=0, name=f"{name}_pending_count")
-      self._pending_last = tf.lookup.experimental.MutableHashTable(
-          tf.int64, tf.int64, default_value=-1, name=f"{name}_pending_last")
-      self._values = _local_variable(tf.zeros([0, s, d]), [None, s, d],
-                                     f"{name}_values", device)
-      self._keys, self._counts, self._last = [
-          _local_variable(tf.zeros([0], tf.int64), [None], f"{name}_{what}", device)
-          for what in ("keys", "counts", "last_seen")]
-
-  def _new_rows(self, ids):
-    """[k, slots, dim]: initial embeddings and slot values of new rows."""
-    init = dynamic_initial_values(self.spec, ids)
-    slots = [tf.fill(tf.shape(init), tf.constant(v, tf.float32))
-             for v in self.spec.slot_initial_values]
-    return tf.stack([init] + slots, axis=1)
-
-  def _embeddings_of(self, ids):
-    return embeddings_or_default(self.spec, ids, _find(self._index, ids),
-                                 self._values[:, 0])
-
-  def lookup(self, ids, counts, step, insert):
-    """(rows of `ids`, the addresses of their rows after the lookup, -1 for
-    ids without a row). With `insert`, each id counts `counts[i]` sightings
-    at `step` and may be admitted."""
-    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
-    if not insert:
-      return self._embeddings_of(ids), _find(self._index, ids)
-    step = tf.cast(step, tf.int64)
-    unique, inverse = tf.unique(ids, out_idx=tf.int32)
-    seen_now = tf.math.unsorted_segment_sum(tf.cast(counts, tf.int64), inverse,
-                                            tf.size(unique))
-    rows = _find(self._index, unique)
-    present = rows >= 0
-    known_rows = tf.boolean_mask(rows, present)
-    updates = [
-        self._counts.scatter_add(tf.IndexedSlices(tf.boolean_mask(seen_now, present),
-                                                  known_rows)),
-        self._last.scatter_max(tf.IndexedSlices(
-            tf.fill(tf.shape(known_rows), step), known_rows)),
-    ]
-    new_ids = tf.boolean_mask(unique, ~present)
-    seen = _find(self._pending_count, new_ids) + tf.boolean_mask(seen_now, ~present)
-    admit = seen >= self.spec.admit_after
-    admitted, admitted_seen = tf.boolean_mask(new_ids, admit), tf.boolean_mask(seen, admit)
-    waiting, waiting_seen = tf.boolean_mask(new_ids, ~admit), tf.boolean_mask(seen, ~admit)
-    with tf.control_dependencies(_ops_of(updates)):
-      # One read of the ids: the new rows' numbers and the grown id list
-      # must agree (a TF1 graph could run a second read after the write).
-      keys = tf.convert_to_tensor(self._keys)
-      base = tf.shape(keys, out_type=tf.int64)[0]
-      k = tf.size(admitted, out_type=tf.int64)
-      updates += [
-          self._values.assign(tf.concat([self._values, self._new_rows(admitted)], 0)),
-          self._keys.assign(tf.concat([keys, admitted], 0)),
-          self._counts.assign(tf.concat([self._counts, admitted_seen], 0)),
-          self._last.assign(tf.concat([self._last, tf.fill([k], step)], 0)),
-          self._index.insert(admitted, base + tf.range(k, dtype=tf.int64)),
-          self._pending_count.remove(admitted),
-          self._pending_last.remove(admitted),
-          self._pending_count.insert(waiting, waiting_seen),
-          self._pending_last.insert(waiting, tf.fill(tf.shape(waiting), step)),
-      ]
-    with tf.control_dependencies(_ops_of(updates)):
-      return self._embeddings_of(ids), _find(self._index, ids)
-
-  def apply(self, kind, ids, grad, scalars, grad_rows=None, by_address=False):
-    """Applies `kind`'s update to the rows of `ids` (unique); ids without a
-    row are skipped. With `by_address`, `ids` are row addresses: -1 is
-    skipped, any other must be a live row. Returns how many rows changed."""
-    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
-    grad = _select_rows(tf.cast(grad, tf.float32), grad_rows)
-    # In a TF1 graph nothing orders variable reads: read the table only
-    # once the ids (which may come from this step's lookup) exist.
-    with tf.control_dependencies([ids, grad]):
-      return self._apply(kind, ids, grad, scalars, by_address)
-
-  def _apply(self, kind, ids, grad, scalars, by_address):
-    n = tf.size(ids, out_type=tf.int32)
-    checks = [_assert(tf.equal(tf.shape(grad)[0], n), "grad has ", tf.shape(grad)[0],
-                      " rows but there are ", n, " ids"),
-              _assert(tf.equal(tf.shape(grad)[1], self.spec.dim), "grad has width ",
-                      tf.shape(grad)[1], " but the table has width ",
-                      str(self.spec.dim))] + _scalar_checks(kind, scalars)
-    if by_address:
-      size = tf.shape(self._keys, out_type=tf.int64)[0]
-      has_row = tf.not_equal(ids, -1)
-      bad = first_index_where(has_row & ((ids < 0) | (ids >= size)))
-      checks.append(_assert(
-          tf.equal(tf.size(bad), 0), "addresses[", bad, "] = ", tf.gather(ids, bad),
-          " is not a row of the table (addresses come from this step's lookup; "
-          "-1 marks an id without a row)"))
-      real = tf.boolean_mask(ids, has_row)
-      checks.append(_check_unique_ids(real))
-    else:
-      checks.append(_check_unique_ids(ids))
-    with tf.control_dependencies(checks):
-      rows = ids if by_address else _find(self._index, ids)
-      present = rows >= 0
-      rows = tf.boolean_mask(rows, present)
-      current = tf.gather(self._values, rows)
-      new = ROW_UPDATES[kind]([current[:, s] for s in range(self.spec.num_slots)],
-                              tf.boolean_mask(grad, present), *scalars)
-      update = self._values.scatter_nd_update(rows[:, None], tf.stack(new, axis=1))
-    with tf.control_dependencies(_ops_of([update])):
-      return tf.size(rows, out_type=tf.int64)
-
-  def export(self):
-    order = tf.argsort(self._keys, stable=True)
-    pending_ids, pending_counts = [tf.reshape(x, [-1]) for x in
-                                   self._pending_count.export()]
-    pending_order = tf.argsort(pending_ids, stable=True)
-    pending_ids = tf.gather(pending_ids, pending_order)
-    return (tf.gather(self._keys, order), tf.gather(self._values, order),
-            tf.gather(self._counts, order), tf.gather(self._last, order),
-            pending_ids, tf.gather(pending_counts, pending_order),
-            _find(self._pending_last, pending_ids))
-
-  def import_(self, ids, values, counts, last_seen, pending_ids, pending_counts,
-              pending_last_seen):
-    ids = tf.cast(ids, tf.int64)
-    values = tf.convert_to_tensor(values, tf.float32)
-    k = tf.size(ids)
-    checks = [
-        _assert(tf.reduce_all(tf.equal(
-            tf.shape(values), tf.stack([k, self.spec.num_slots, self.spec.dim]))),
-            "values have shape ", tf.shape(values), " but the table needs [",
-            k, ", ", str(self.spec.num_slots), ", ", str(self.spec.dim),
-            "] (ids, slots, dim)"),
-        _check_unique_ids(ids)]
-    with tf.control_dependencies(checks):
-      clear = [self._index.remove(self._index.export()[0]),
-               self._pending_count.remove(self._pending_count.export()[0]),
-               self._pending_last.remove(self._pending_last.export()[0])]
-    with tf.control_dependencies(_ops_of(clear)):
-      return tf.group(
-          self._values.assign(values), self._keys.assign(ids),
-          self._counts.assign(tf.cast(counts, tf.int64)),
-          self._last.assign(tf.cast(last_seen, tf.int64)),
-          self._index.insert(ids, tf.range(tf.size(ids, out_type=tf.int64))),
-          self._pending_count.insert(pending_ids, tf.cast(pending_counts, tf.int64)),
-          self._pending_last.insert(pending_ids, tf.cast(pending_last_seen, tf.int64)))
-
-  def evict(self, step, max_unseen_steps, max_rows):
-    """The kernel's eviction rules; returns the evicted ids, sorted."""
-    step = tf.cast(step, tf.int64)
-    # Each variable read once, before any write (see lookup).
-    keys, last = tf.convert_to_tensor(self._keys), tf.convert_to_tensor(self._last)
-    counts, values = tf.convert_to_tensor(self._counts), tf.convert_to_tensor(self._values)
-    n = tf.shape(keys)[0]
-    evict = tf.zeros([n], tf.bool)
-    if max_unseen_steps > 0:
-      evict = step - last >= max_unseen_steps
-    if max_rows > 0:
-      kept = tf.cast(tf.reshape(tf.where(~evict), [-1]), tf.int32)
-      # Coldest first: fewest sightings, then least recent, then smallest id.
-      order = tf.gather(kept, tf.argsort(tf.gather(keys, kept), stable=True))
-      order = tf.gather(order, tf.argsort(tf.gather(last, order), stable=True))
-      order = tf.gather(order, tf.argsort(tf.gather(counts, order), stable=True))
-      excess = tf.maximum(tf.size(kept) - max_rows, 0)
-      victims = order[:excess]
-      evict = evict | tf.scatter_nd(victims[:, None], tf.ones_like(victims, tf.bool), [n])
-    keep = tf.reshape(tf.where(~evict), [-1])
-    evicted = tf.sort(tf.boolean_mask(keys, evict))
-    kept_keys = tf.gather(keys, keep)
-    updates = [self._index.remove(evicted)]
-    with tf.control_dependencies(_ops_of(updates)):
-      updates += [
-          self._index.insert(kept_keys, tf.range(tf.size(keep, out_type=tf.int64))),
-          self._values.assign(tf.gather(values, keep)),
-          self._counts.assign(tf.gather(counts, keep)),
-          self._last.assign(tf.gather(last, keep)),
-          self._keys.assign(kept_keys)]
-    if max_unseen_steps > 0:
-      pending_ids = tf.reshape(self._pending_count.export()[0], [-1])
-      stale = tf.boolean_mask(
-          pending_ids, step - _find(self._pending_last, pending_ids) >= max_unseen_steps)
-      updates += [self._pending_count.remove(stale), self._pending_last.remove(stale)]
-    with tf.control_dependencies(_ops_of(updates)):
-      return tf.identity(evicted)
-
-  def stats(self):
-    """[live rows, ids pending admission, estimated bytes held]."""
-    size = tf.shape(self._keys, out_type=tf.int64)[0]
-    pending = self._pending_count.size()
-    row_bytes = 4 * self.spec.num_slots * self.spec.dim + 3 * 8
-    # The hash tables' entries, at about 48 bytes each.
-    return tf.stack([size, pending, size * (row_bytes + 48) + 2 * pending * 48])

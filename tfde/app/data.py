@@ -1,7 +1,7 @@
 """Data for the main job: a Criteo-like generator with a hidden true model,
 and MovieLens ratings from a CSV.
 
->>> from tfde import data
+>>> from tfde.app import data
 >>> spec = data.SyntheticSpec(sparse=[data.SparseFeature("c1", 1000, 3)],
 ...                           dense_features=2, samples=64)
 >>> d = data.synthetic(spec, seed=0)

@@ -265,7 +265,7 @@ def run_job(config, data_path=None, report_dir=None, verbose=1):
   strategy = _strategy(config.replicas)  # before TensorFlow starts its runtime
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tfde import data as data_lib  # pylint: disable=g-import-not-at-top
+  from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
 
   report_dir = report_dir or config.report_dir
   keras.utils.set_random_seed(config.seed)

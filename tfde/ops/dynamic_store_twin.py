@@ -1,0 +1,259 @@
+"""The twin of a dynamic table shard (kernels/dynamic_table_ops.cc): stock
+TF hash tables and variables with the kernel resource's behaviour.
+
+>>> import tensorflow as tf
+>>> from tfde.ops.types import DynamicTableSpec
+>>> from tfde.ops.dynamic_store_twin import DynamicStoreTwin
+>>> store = DynamicStoreTwin(DynamicTableSpec(dim=2), "doc")
+>>> rows, addresses = store.lookup(tf.constant([5, 9], tf.int64),
+...                                tf.constant([1, 1], tf.int64), 1, insert=True)
+>>> addresses.numpy().tolist(), int(store.stats()[0])
+([0, 1], 2)
+"""
+
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+from tfde.ops.checks import assert_that
+from tfde.ops.checks import first_index_where
+from tfde.ops.checks import first_repeat
+from tfde.ops.reference import dynamic_initial_values
+from tfde.ops.reference import embeddings_or_default
+
+
+def _check_unique_ids(ids):
+  repeat, earlier = first_repeat(ids)
+  return assert_that(tf.equal(tf.size(repeat), 0), "ids[", repeat, "] = ",
+                 tf.gather(ids, repeat), " repeats ids[", tf.gather(earlier, repeat),
+                 "]; sum the gradients of an id before applying them")
+
+
+def _find(table, keys):
+  """A tf.lookup table's values for keys, as a vector of known rank."""
+  return tf.reshape(table.lookup(keys), [-1])
+
+
+def _local_variable(initial_value, shape, name, device):
+  # A ResourceVariable built directly, outside any strategy's variable
+  # creator: a shard's storage must not become a mirrored variable.
+  with tf.init_scope(), tf.device(device):
+    return resource_variable_ops.ResourceVariable(
+        initial_value, shape=tf.TensorShape(shape), name=name, trainable=False)
+
+
+def _ops_of(updates):
+  """The ops of variable and table updates. A graph-mode assign returns a
+  lazy read whose graph element is a read, not the assign: depending on it
+  does not order later reads after the write."""
+  if tf.executing_eagerly():
+    return []  # eager ops run in program order
+  return [u if isinstance(u, tf.Operation) else u.op for u in updates
+          if u is not None]
+
+
+
+class DynamicStoreTwin:
+  """A dynamic table shard of stock TF: `tf.lookup` hash tables from id to
+  row and from id to pending sightings, and variables of rows kept compact
+  (eviction rebuilds them). Same behaviour as the kernel's resource.
+  """
+
+  _count = 0
+
+  def __init__(self, spec, name, device=None):
+    self.spec = spec
+    s, d = spec.num_slots, spec.dim
+    # Unique names: a TF1 graph shares a hash table by node name.
+    DynamicStoreTwin._count += 1
+    name = f"{name}_{DynamicStoreTwin._count}"
+    with tf.device(device):
+      self._index = tf.lookup.experimental.MutableHashTable(
+          tf.int64, tf.int64, default_value=-1, name=f"{name}_index")
+      self._pending_count = tf.lookup.experimental.MutableHashTable(
+          tf.int64, tf.int64, default_value=0, name=f"{name}_pending_count")
+      self._pending_last = tf.lookup.experimental.MutableHashTable(
+          tf.int64, tf.int64, default_value=-1, name=f"{name}_pending_last")
+      self._values = _local_variable(tf.zeros([0, s, d]), [None, s, d],
+                                     f"{name}_values", device)
+      self._keys, self._counts, self._last = [
+          _local_variable(tf.zeros([0], tf.int64), [None], f"{name}_{what}", device)
+          for what in ("keys", "counts", "last_seen")]
+
+  def _new_rows(self, ids):
+    """[k, slots, dim]: initial embeddings and slot values of new rows."""
+    init = dynamic_initial_values(self.spec, ids)
+    slots = [tf.fill(tf.shape(init), tf.constant(v, tf.float32))
+             for v in self.spec.slot_initial_values]
+    return tf.stack([init] + slots, axis=1)
+
+  def _embeddings_of(self, ids):
+    return embeddings_or_default(self.spec, ids, _find(self._index, ids),
+                                 self._values[:, 0])
+
+  def lookup(self, ids, counts, step, insert):
+    """(rows of `ids`, the addresses of their rows after the lookup, -1 for
+    ids without a row). With `insert`, each id counts `counts[i]` sightings
+    at `step` and may be admitted."""
+    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    if not insert:
+      return self._embeddings_of(ids), _find(self._index, ids)
+    step = tf.cast(step, tf.int64)
+    unique, inverse = tf.unique(ids, out_idx=tf.int32)
+    seen_now = tf.math.unsorted_segment_sum(tf.cast(counts, tf.int64), inverse,
+                                            tf.size(unique))
+    rows = _find(self._index, unique)
+    present = rows >= 0
+    known_rows = tf.boolean_mask(rows, present)
+    updates = [
+        self._counts.scatter_add(tf.IndexedSlices(tf.boolean_mask(seen_now, present),
+                                                  known_rows)),
+        self._last.scatter_max(tf.IndexedSlices(
+            tf.fill(tf.shape(known_rows), step), known_rows)),
+    ]
+    new_ids = tf.boolean_mask(unique, ~present)
+    seen = _find(self._pending_count, new_ids) + tf.boolean_mask(seen_now, ~present)
+    admit = seen >= self.spec.admit_after
+    admitted, admitted_seen = tf.boolean_mask(new_ids, admit), tf.boolean_mask(seen, admit)
+    waiting, waiting_seen = tf.boolean_mask(new_ids, ~admit), tf.boolean_mask(seen, ~admit)
+    with tf.control_dependencies(_ops_of(updates)):
+      # One read of the ids: the new rows' numbers and the grown id list
+      # must agree (a TF1 graph could run a second read after the write).
+      keys = tf.convert_to_tensor(self._keys)
+      base = tf.shape(keys, out_type=tf.int64)[0]
+      k = tf.size(admitted, out_type=tf.int64)
+      updates += [
+          self._values.assign(tf.concat([self._values, self._new_rows(admitted)], 0)),
+          self._keys.assign(tf.concat([keys, admitted], 0)),
+          self._counts.assign(tf.concat([self._counts, admitted_seen], 0)),
+          self._last.assign(tf.concat([self._last, tf.fill([k], step)], 0)),
+          self._index.insert(admitted, base + tf.range(k, dtype=tf.int64)),
+          self._pending_count.remove(admitted),
+          self._pending_last.remove(admitted),
+          self._pending_count.insert(waiting, waiting_seen),
+          self._pending_last.insert(waiting, tf.fill(tf.shape(waiting), step)),
+      ]
+    with tf.control_dependencies(_ops_of(updates)):
+      return self._embeddings_of(ids), _find(self._index, ids)
+
+  def apply(self, kind, ids, grad, scalars, grad_rows=None, by_address=False):
+    """Applies `kind`'s update to the rows of `ids` (unique); ids without a
+    row are skipped. With `by_address`, `ids` are row addresses: -1 is
+    skipped, any other must be a live row. Returns how many rows changed."""
+    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    grad = _select_rows(tf.cast(grad, tf.float32), grad_rows)
+    # In a TF1 graph nothing orders variable reads: read the table only
+    # once the ids (which may come from this step's lookup) exist.
+    with tf.control_dependencies([ids, grad]):
+      return self._apply(kind, ids, grad, scalars, by_address)
+
+  def _apply(self, kind, ids, grad, scalars, by_address):
+    n = tf.size(ids, out_type=tf.int32)
+    checks = [assert_that(tf.equal(tf.shape(grad)[0], n), "grad has ", tf.shape(grad)[0],
+                      " rows but there are ", n, " ids"),
+              assert_that(tf.equal(tf.shape(grad)[1], self.spec.dim), "grad has width ",
+                      tf.shape(grad)[1], " but the table has width ",
+                      str(self.spec.dim))] + _scalar_checks(kind, scalars)
+    if by_address:
+      size = tf.shape(self._keys, out_type=tf.int64)[0]
+      has_row = tf.not_equal(ids, -1)
+      bad = first_index_where(has_row & ((ids < 0) | (ids >= size)))
+      checks.append(assert_that(
+          tf.equal(tf.size(bad), 0), "addresses[", bad, "] = ", tf.gather(ids, bad),
+          " is not a row of the table (addresses come from this step's lookup; "
+          "-1 marks an id without a row)"))
+      real = tf.boolean_mask(ids, has_row)
+      checks.append(_check_unique_ids(real))
+    else:
+      checks.append(_check_unique_ids(ids))
+    with tf.control_dependencies(checks):
+      rows = ids if by_address else _find(self._index, ids)
+      present = rows >= 0
+      rows = tf.boolean_mask(rows, present)
+      current = tf.gather(self._values, rows)
+      new = ROW_UPDATES[kind]([current[:, s] for s in range(self.spec.num_slots)],
+                              tf.boolean_mask(grad, present), *scalars)
+      update = self._values.scatter_nd_update(rows[:, None], tf.stack(new, axis=1))
+    with tf.control_dependencies(_ops_of([update])):
+      return tf.size(rows, out_type=tf.int64)
+
+  def export(self):
+    order = tf.argsort(self._keys, stable=True)
+    pending_ids, pending_counts = [tf.reshape(x, [-1]) for x in
+                                   self._pending_count.export()]
+    pending_order = tf.argsort(pending_ids, stable=True)
+    pending_ids = tf.gather(pending_ids, pending_order)
+    return (tf.gather(self._keys, order), tf.gather(self._values, order),
+            tf.gather(self._counts, order), tf.gather(self._last, order),
+            pending_ids, tf.gather(pending_counts, pending_order),
+            _find(self._pending_last, pending_ids))
+
+  def import_(self, ids, values, counts, last_seen, pending_ids, pending_counts,
+              pending_last_seen):
+    ids = tf.cast(ids, tf.int64)
+    values = tf.convert_to_tensor(values, tf.float32)
+    k = tf.size(ids)
+    checks = [
+        assert_that(tf.reduce_all(tf.equal(
+            tf.shape(values), tf.stack([k, self.spec.num_slots, self.spec.dim]))),
+            "values have shape ", tf.shape(values), " but the table needs [",
+            k, ", ", str(self.spec.num_slots), ", ", str(self.spec.dim),
+            "] (ids, slots, dim)"),
+        _check_unique_ids(ids)]
+    with tf.control_dependencies(checks):
+      clear = [self._index.remove(self._index.export()[0]),
+               self._pending_count.remove(self._pending_count.export()[0]),
+               self._pending_last.remove(self._pending_last.export()[0])]
+    with tf.control_dependencies(_ops_of(clear)):
+      return tf.group(
+          self._values.assign(values), self._keys.assign(ids),
+          self._counts.assign(tf.cast(counts, tf.int64)),
+          self._last.assign(tf.cast(last_seen, tf.int64)),
+          self._index.insert(ids, tf.range(tf.size(ids, out_type=tf.int64))),
+          self._pending_count.insert(pending_ids, tf.cast(pending_counts, tf.int64)),
+          self._pending_last.insert(pending_ids, tf.cast(pending_last_seen, tf.int64)))
+
+  def evict(self, step, max_unseen_steps, max_rows):
+    """The kernel's eviction rules; returns the evicted ids, sorted."""
+    step = tf.cast(step, tf.int64)
+    # Each variable read once, before any write (see lookup).
+    keys, last = tf.convert_to_tensor(self._keys), tf.convert_to_tensor(self._last)
+    counts, values = tf.convert_to_tensor(self._counts), tf.convert_to_tensor(self._values)
+    n = tf.shape(keys)[0]
+    evict = tf.zeros([n], tf.bool)
+    if max_unseen_steps > 0:
+      evict = step - last >= max_unseen_steps
+    if max_rows > 0:
+      kept = tf.cast(tf.reshape(tf.where(~evict), [-1]), tf.int32)
+      # Coldest first: fewest sightings, then least recent, then smallest id.
+      order = tf.gather(kept, tf.argsort(tf.gather(keys, kept), stable=True))
+      order = tf.gather(order, tf.argsort(tf.gather(last, order), stable=True))
+      order = tf.gather(order, tf.argsort(tf.gather(counts, order), stable=True))
+      excess = tf.maximum(tf.size(kept) - max_rows, 0)
+      victims = order[:excess]
+      evict = evict | tf.scatter_nd(victims[:, None], tf.ones_like(victims, tf.bool), [n])
+    keep = tf.reshape(tf.where(~evict), [-1])
+    evicted = tf.sort(tf.boolean_mask(keys, evict))
+    kept_keys = tf.gather(keys, keep)
+    updates = [self._index.remove(evicted)]
+    with tf.control_dependencies(_ops_of(updates)):
+      updates += [
+          self._index.insert(kept_keys, tf.range(tf.size(keep, out_type=tf.int64))),
+          self._values.assign(tf.gather(values, keep)),
+          self._counts.assign(tf.gather(counts, keep)),
+          self._last.assign(tf.gather(last, keep)),
+          self._keys.assign(kept_keys)]
+    if max_unseen_steps > 0:
+      pending_ids = tf.reshape(self._pending_count.export()[0], [-1])
+      stale = tf.boolean_mask(
+          pending_ids, step - _find(self._pending_last, pending_ids) >= max_unseen_steps)
+      updates += [self._pending_count.remove(stale), self._pending_last.remove(stale)]
+    with tf.control_dependencies(_ops_of(updates)):
+      return tf.identity(evicted)
+
+  def stats(self):
+    """[live rows, ids pending admission, estimated bytes held]."""
+    size = tf.shape(self._keys, out_type=tf.int64)[0]
+    pending = self._pending_count.size()
+    row_bytes = 4 * self.spec.num_slots * self.spec.dim + 3 * 8
+    # The hash tables' entries, at about 48 bytes each.
+    return tf.stack([size, pending, size * (row_bytes + 48) + 2 * pending * 48])
