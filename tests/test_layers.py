@@ -84,7 +84,7 @@ def test_layer_custom_loop_equals_reference(n, monkeypatch):
   input kinds and weights, in a nested structure; the keras-rs custom loop
   (tape.gradient over layer.trainable_variables) trains each table with its
   own optimizer."""
-  monkeypatch.setattr(tfde.layers, "AUTO_REPLICATE_BYTES", 0)
+  monkeypatch.setattr(tfde.placement, "AUTO_REPLICATE_BYTES", 0)
   strategy = mirrored(n)
   configs = h.feature_configs("adagrad", variant=1,
                               placements={"A": "default_device"})

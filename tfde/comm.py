@@ -49,7 +49,7 @@ class ExchangePlan:
     return ExchangePlan(self.recv_counts, self.send_counts, self.max_chunk)
 
 
-def _local_variable(initial_value, name, trainable=False, device=None):
+def local_variable(initial_value, name, trainable=False, device=None):
   """A plain variable that belongs to this process only.
 
   Built directly as a ResourceVariable, which bypasses the variable
@@ -97,7 +97,7 @@ class Communicator(abc.ABC):
 
   def __init__(self, num_replicas):
     self.num_replicas = num_replicas
-    self._bytes_sent = _local_variable(tf.constant(0, tf.int64),
+    self._bytes_sent = local_variable(tf.constant(0, tf.int64),
                                        "tfde_bytes_sent")
 
   @abc.abstractmethod

@@ -24,18 +24,12 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import nest
 
+from tfde import inputs as inputs_lib
 from tfde import lookup as lookup_lib
-from tfde.ops import reference
 from tfde.compat import keras_multiworker
 from tfde.config import FeatureConfig, TableConfig  # noqa: F401 (re-export)
-
-keras_multiworker.apply()
-
-# placement="auto": tables of at most this many bytes (V * D * 4) are
-# replicated on every replica (gradients all-gathered); larger ones are
-# sharded by id % N. At 1 MiB a table's per-step gradient exchange stays
-# smaller than routing its lookups.
-AUTO_REPLICATE_BYTES = 1 << 20
+from tfde.ops import reference
+from tfde.tables import base as tables_base
 
 _FEATURE_KEY = "__tfde_feature_config__"
 
@@ -96,9 +90,15 @@ class DistributedEmbedding(keras.layers.Layer):
         name="sparse_update_trigger")
     self._lookup = lookup_lib.ShardedLookup(
         {f.name: f for f in flat}, table_stacking=table_stacking,
-        auto_replicate_bytes=AUTO_REPLICATE_BYTES,
+        auto_replicate_bytes=None,  # the placement policy's default
         update_trigger=self.sparse_update_trigger.value,
         name=f"{self.name}_lookup")
+    self._serving_tables = None
+    if isinstance(tf.distribute.get_strategy(),
+                  tf.distribute.MultiWorkerMirroredStrategy):
+      # Keras's fit needs two fixes under this strategy (see the module);
+      # they apply to models holding a tfde layer only.
+      keras_multiworker.apply()
     self.built = True
 
   def build(self, input_shape=None):
@@ -161,9 +161,8 @@ class DistributedEmbedding(keras.layers.Layer):
           tf.zeros(tf.stack([_batch_size(by_name[f.name]), f.table.embedding_dim]))
           for f in self._flat_features])
     weights_by_name = self._by_name(weights, "weights")
-    serving = getattr(self, "_serving_tables", None)
-    if serving is not None:
-      outputs = self._serving_lookup(serving, by_name, weights_by_name)
+    if self._serving_tables is not None:
+      outputs = self._serving_lookup(self._serving_tables, by_name, weights_by_name)
     else:
       outputs = self._lookup(by_name, weights_by_name,
                              trigger=tf.convert_to_tensor(self.sparse_update_trigger.value),
@@ -171,19 +170,26 @@ class DistributedEmbedding(keras.layers.Layer):
     return tf.nest.pack_sequence_as(
         self._feature_configs, [outputs[f.name] for f in self._flat_features])
 
+  def serve_from(self, tables):
+    """Looks up from `tables` (table name -> whole-table variable, or a
+    `tfde.serving.DynamicServingTable`) with stock TensorFlow ops only, as
+    an exported SavedModel does, until `serve_from(None)`. Used by
+    `tfde.serving.export_for_serving`."""
+    self._serving_tables = tables
+
   def _serving_lookup(self, tables, inputs, weights):
     """Lookups with stock TensorFlow ops only, on whole-table variables (see
     tfde.serving): what an exported SavedModel runs."""
     weights = weights or {}
     outputs = {}
     for f in self._flat_features:
-      ids, splits, w = lookup_lib.flatten_feature(f.name, f.table.name,
+      ids, splits, w = inputs_lib.flatten_feature(f.name, f.table.name,
                                                   inputs[f.name], weights.get(f.name))
       served = tables[f.table.name]
       if f.table.is_dynamic:
         rows = served.lookup(ids)
       else:
-        ids = lookup_lib.check_id_range(ids, f.table.vocabulary_size, f.name,
+        ids = inputs_lib.check_id_range(ids, f.table.vocabulary_size, f.name,
                                         f.table.name)
         rows = tf.gather(served, ids)
       outputs[f.name] = reference.embedding_combine(
@@ -206,62 +212,42 @@ class DistributedEmbedding(keras.layers.Layer):
     return self._lookup.table_values()
 
   # ---- saving: whole tables, so a model reloads under any replica count
+  #
+  # Each table's state (`Table.state()`) under keys "<table>:<key>" ("/"
+  # would open groups in an H5 weight file), slots without their "slot_"
+  # prefix (the format's spelling since its first version).
 
-  # Keys are "<table>:<what>"; "/" would open groups in an H5 weight file.
-  _DYNAMIC_KEYS = ("ids", "counts", "last_seen", "pending_ids", "pending_counts",
-                   "pending_last_seen")
+  @staticmethod
+  def _store_key(table_name, state_key):
+    return f"{table_name}:{state_key.removeprefix(tables_base.SLOT_PREFIX)}"
 
   def save_own_variables(self, store):
     store["sparse_update_trigger"] = np.asarray(self.sparse_update_trigger.numpy())
     for name, table in self._lookup.tables.items():
-      if table.is_dynamic:
-        rows = table.export_rows()
-        for key in self._DYNAMIC_KEYS + ("table",):
-          store[f"{name}:{key}"] = rows[key]
-        for slot in table.optimizer.slot_names:
-          store[f"{name}:{slot}"] = rows[f"slot_{slot}"]
-      else:
-        store[f"{name}:table"] = table.full_table()
-        for slot in table.optimizer.slot_names:
-          store[f"{name}:{slot}"] = table.full_slot(slot)
-      store[f"{name}:step"] = np.asarray(
-          int(next(iter(table.steps.values())).numpy()))
+      for key, value in table.state().items():
+        store[self._store_key(name, key)] = value.numpy()
 
   def load_own_variables(self, store):
     keys = set(store.keys())
+    states = {}
     for name, table in self._lookup.tables.items():
-      key = f"{name}:table"
-      if key not in keys:
+      if self._store_key(name, "table") not in keys:
         raise ValueError(f"the saved weights have no table {name!r}; saved: "
                          f"{sorted(k.split(':')[0] for k in keys if k.endswith(':table'))}")
-      shape = tuple(np.asarray(store[key]).shape)
-      if table.is_dynamic:
-        if f"{name}:ids" not in keys or len(shape) != 2 or shape[1] != table.embedding_dim:
-          raise ValueError(f"table {name!r}: saved rows of shape {shape} do not "
-                           f"fit the model's dynamic table of width "
-                           f"{table.embedding_dim}")
-        continue
-      expected = (table.vocabulary_size, table.embedding_dim)
-      if shape != expected or f"{name}:ids" in keys:
-        raise ValueError(f"table {name!r}: saved shape {shape} differs from "
-                         f"the model's {expected}")
+      if (self._store_key(name, "ids") in keys) != table.is_dynamic:
+        kind = "static" if table.is_dynamic else "dynamic"
+        raise ValueError(f"table {name!r}: the saved table is {kind}, the "
+                         f"model's is not")
+      states[name] = {key: np.asarray(store[self._store_key(name, key)])
+                      for key in table.state_keys()
+                      if self._store_key(name, key) in keys}
+    # Every table is checked before any is written: a bad file changes
+    # nothing.
+    for name, table in self._lookup.tables.items():
+      table.check_state(states[name], source="saved")
     self.sparse_update_trigger.assign(np.asarray(store["sparse_update_trigger"]))
     for name, table in self._lookup.tables.items():
-      step = int(np.asarray(store[f"{name}:step"]))
-      if table.is_dynamic:
-        saved = {k: np.asarray(store[f"{name}:{k}"]) for k in self._DYNAMIC_KEYS}
-        values = np.stack([np.asarray(store[f"{name}:table"])] +
-                          [np.asarray(store[f"{name}:{s}"])
-                           for s in table.optimizer.slot_names], axis=1)
-        table.assign_rows(saved["ids"], values, saved["counts"], saved["last_seen"],
-                          saved["pending_ids"], saved["pending_counts"],
-                          saved["pending_last_seen"], step)
-        continue
-      table.assign_full(np.asarray(store[f"{name}:table"]))
-      for slot in table.optimizer.slot_names:
-        table.assign_full_slot(slot, np.asarray(store[f"{name}:{slot}"]))
-      for step_variable in table.steps.values():
-        step_variable.assign(step)
+      table.load_state(states[name], source="saved")
 
   def get_config(self):
     config = super().get_config()

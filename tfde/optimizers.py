@@ -20,8 +20,6 @@ Explicit (SOK-style) training takes `tf.IndexedSlices` gradients of table
 shards: `opt.apply_gradients(zip(grads, table.local_variables()))`.
 """
 
-import weakref
-
 import tensorflow as tf
 
 from tfde import ops
@@ -123,7 +121,7 @@ class SparseOptimizer:
       if owner is None:
         raise ValueError(f"{var.name} is not a tfde table shard; tfde's sparse "
                          "optimizers update only tfde tables")
-      table, shard = owner
+      table, replica = owner
       if table.optimizer.kind != self.kind:
         raise ValueError(
             f"table {table.name!r} keeps slots for {table.optimizer.kind!r}, "
@@ -134,7 +132,8 @@ class SparseOptimizer:
       unique, inverse = tf.unique(grad.indices, out_idx=tf.int32)
       summed = tf.math.unsorted_segment_sum(grad.values, inverse,
                                             tf.size(unique))
-      updates.append(table.apply_shard_update(shard, unique, summed, self))
+      # The table keeps the slots and the step; this optimizer is the rule.
+      updates.append(table.apply_gradient(replica, unique, summed, optimizer=self))
     return tf.group(updates)
 
   # ---- serialisation
@@ -243,21 +242,13 @@ _KERAS_UNSUPPORTED = {
     "loss_scale_factor": None,
 }
 
-# id(shard variable) -> (weakref to its ShardedTable, shard index), for the
-# explicit apply_gradients path.
-_SHARD_OWNERS = {}
-
-
-def register_shard(variable, table, shard):
-  _SHARD_OWNERS[id(variable)] = (weakref.ref(table), shard)
+# The attribute by which a variable a tfde table hands out names its owner.
+OWNER_ATTRIBUTE = "_tfde_owner"
 
 
 def shard_owner(variable):
-  """(table, replica) of a table shard variable, or None for any other."""
-  owner = _SHARD_OWNERS.get(id(variable))
-  if owner is None or owner[0]() is None:
-    return None
-  return owner[0](), owner[1]
+  """(table, replica) of a variable a tfde table handed out, or None."""
+  return getattr(variable, OWNER_ATTRIBUTE, None)
 
 
 def _from_keras(optimizer, table_name):

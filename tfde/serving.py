@@ -108,7 +108,7 @@ def export_for_serving(model_or_layer, path, example_inputs):
 
   try:
     for layer in embedding_layers:
-      layer._serving_tables = tables[layer.name]  # pylint: disable=protected-access
+      layer.serve_from(tables[layer.name])
     served = _Served(model_or_layer, tables)
 
     @tf.function(input_signature=[signature])
@@ -121,4 +121,4 @@ def export_for_serving(model_or_layer, path, example_inputs):
     tf.saved_model.save(served, path, signatures={"serving_default": concrete})
   finally:
     for layer in embedding_layers:
-      layer._serving_tables = None  # pylint: disable=protected-access
+      layer.serve_from(None)

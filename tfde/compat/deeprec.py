@@ -25,6 +25,7 @@ import collections
 import tensorflow as tf
 
 from tfde import config as config_lib
+from tfde import inputs as inputs_lib
 from tfde import lookup as lookup_lib
 from tfde import ops
 from tfde import tables as tables_lib
@@ -77,7 +78,7 @@ def group_embedding_lookup_sparse(params, sp_ids, combiners,
                                        partition_strategy)
   with tf.name_scope(name or "group_embedding_lookup_sparse"):
     results = [None] * len(params)
-    tfde_tables = (tables_lib.ShardedTable, tables_lib.DynamicTable)
+    tfde_tables = tables_lib.Table
     plain = [i for i, p in enumerate(params) if not isinstance(p, tfde_tables)]
     sharded = [i for i, p in enumerate(params) if isinstance(p, tfde_tables)]
     by_width = collections.defaultdict(list)
@@ -119,8 +120,8 @@ def group_embedding_lookup(params, ids, partition_strategy="mod", name=None):
 def _flatten(i, ids, weights, vocabulary_size):
   feature = f"sp_ids[{i}]"
   table = f"params[{i}]"
-  flat_ids, splits, w = lookup_lib.flatten_feature(feature, table, ids, weights)
-  flat_ids = lookup_lib.check_id_range(flat_ids, vocabulary_size, feature, table)
+  flat_ids, splits, w = inputs_lib.flatten_feature(feature, table, ids, weights)
+  flat_ids = inputs_lib.check_id_range(flat_ids, vocabulary_size, feature, table)
   return flat_ids, splits, w
 
 

@@ -14,12 +14,23 @@ logs of multi-worker runs with `strategy.reduce("MEAN", v, axis=0)`, which
 fails for scalar logs such as the loss ("Invalid reduction dimension 0 for
 input with 0 dimensions"); scalars are reduced with axis=None instead.
 
-Applied by `import tfde.layers`; `apply()` is idempotent.
+Nothing is patched at import: `apply()` (idempotent) is called when a
+`tfde.layers.DistributedEmbedding` is built under
+MultiWorkerMirroredStrategy, or explicitly. The symbolic-build fix then
+acts only for models that hold a tfde layer; the scalar-log fix is a
+module function of Keras's trainer that cannot tell models apart, so it
+acts for any model under MultiWorkerMirroredStrategy, where Keras's own
+code fails.
 """
 
 import tensorflow as tf
 
 _applied = False
+
+
+def _holds_tfde_layer(model):
+  return any(type(layer).__module__.startswith("tfde.")
+             for layer in model._flatten_layers())  # pylint: disable=protected-access
 
 
 def apply():
@@ -38,7 +49,8 @@ def apply():
   def _maybe_symbolic_build(self, iterator=None, data_batch=None):
     strategy = getattr(self, "_distribute_strategy", None)
     if (iterator is None or strategy is None or not isinstance(
-        strategy, tf.distribute.MultiWorkerMirroredStrategy)):
+        strategy, tf.distribute.MultiWorkerMirroredStrategy) or
+        not _holds_tfde_layer(self)):
       return original(self, iterator=iterator, data_batch=data_batch)
     for _, _, it in iterator:
       batch = next(it)

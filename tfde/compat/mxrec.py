@@ -53,17 +53,18 @@ import tensorflow as tf
 from tfde import comm as comm_lib
 from tfde import config as config_lib
 from tfde import initializers
-from tfde import lookup as lookup_lib
 from tfde import ops
 from tfde import optimizers as optimizers_lib
+from tfde import routing
 from tfde import tables as tables_lib
 
 ASCEND_SPARSE_LOOKUP_LOCAL_EMB = "ASCEND_SPARSE_LOOKUP_LOCAL_EMB"
 ASCEND_SPARSE_LOOKUP_ID_OFFSET = "ASCEND_SPARSE_LOOKUP_ID_OFFSET"
 
 _settings = {"initialized": False, "use_dynamic_expansion": False}
-# address tensor (ref) -> its HashTable, for apply_gradients.
-_ADDRESS_TABLES = {}
+# The attribute by which a row-address tensor names its HashTable: it goes
+# with the tensor (and its graph), never into a process-wide registry.
+_TABLE_ATTRIBUTE = "_tfde_hash_table"
 
 
 def init(use_dynamic_expansion=False, **options):
@@ -89,7 +90,7 @@ class HashOptimizer:
     one table are summed per row and applied as one step."""
     by_table = {}
     for grad, address in grads_and_vars:
-      table = _ADDRESS_TABLES.get(address.ref()) if tf.is_tensor(address) else None
+      table = getattr(address, _TABLE_ATTRIBUTE, None) if tf.is_tensor(address) else None
       if table is None:
         raise ValueError(f"{address!r} is not a row-address tensor from "
                          "sparse_lookup (ASCEND_SPARSE_LOOKUP_ID_OFFSET)")
@@ -106,7 +107,7 @@ class HashOptimizer:
         grads = tf.concat([tf.convert_to_tensor(g) for g, _ in pairs], 0)
         unique, inverse = tf.unique(addresses, out_idx=tf.int32)
         summed = tf.math.unsorted_segment_sum(grads, inverse, tf.size(unique))
-        updates.append(table.table.apply_shard_update(
+        updates.append(table.table.apply_gradient(
             table.replica, unique, summed, optimizer=self.sparse_optimizer,
             by_address=True))
       if global_step is not None:
@@ -216,16 +217,16 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None,
     unique, inverse, counts = ops.unique_with_counts(flat)
     table = hashtable.table
     comm = table.comm
-    routed = lookup_lib.route_to_owners(comm, unique, inverse, comm.num_replicas,
+    routed = routing.route_to_owners(comm, unique, inverse, comm.num_replicas,
                                         counts=tf.cast(counts, tf.int64), dynamic=True)
     # The local embeddings are the rows this replica owns and serves; their
     # gradients come back through the reverse exchange.
-    local, addresses = table.lookup_shard_with_addresses(
+    local, addresses = table.lookup_with_addresses(
         hashtable.replica, routed.requested, routed.counts, training=is_train)
-    answered = lookup_lib.answer_requesters(comm, local, routed)
+    answered = routing.answer_requesters(comm, local, routed)
     if is_train:
       tf.compat.v1.add_to_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB, local)
       tf.compat.v1.add_to_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET, addresses)
-      _ADDRESS_TABLES[addresses.ref()] = hashtable
+      setattr(addresses, _TABLE_ATTRIBUTE, hashtable)
     rows = tf.gather(answered, routed.answer_index)
     return tf.reshape(rows, tf.concat([tf.shape(ids), [hashtable.dim]], 0))

@@ -123,12 +123,7 @@ def _process_shard(table, kind):
   if len(variables) != 1:
     raise ValueError(f"sok.{kind} holds one shard per process; use "
                      "tfde.layers under MirroredStrategy instead")
-  _TABLES.append(table)
-  return variables[0]
-
-
-_TABLES = []  # keeps tables alive as long as their shards are in use
-_LOOKUPS = {}
+  return variables[0]  # it keeps its table alive (Table._own)
 
 
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None):
@@ -152,13 +147,16 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None):
     inputs[name] = ids
     if w is not None:
       weights[name] = w
-  key = tuple(id(t) for t in tables) + tuple(combiners)
-  lookup = _LOOKUPS.get(key)
+  # One lookup per (tables, combiners), kept on the first table: it lives
+  # as long as the tables do, and no longer.
+  key = tuple(t.name for t in tables) + tuple(combiners)
+  cache = tables[0].__dict__.setdefault("_sok_lookups", {})
+  lookup = cache.get(key)
   if lookup is None:
     lookup = lookup_lib.ShardedLookup(
         list(features.values()), tables={t.name: t for t in tables},
         train_in_backward=False, name="sok_lookup")
-    _LOOKUPS[key] = lookup
+    cache[key] = lookup
   out = lookup(inputs, weights or None)
   return [out[f"feature_{i}"] for i in range(len(params))]
 
@@ -228,7 +226,6 @@ class _EmbeddingLayerBase:
         [config_lib.FeatureConfig(name="ids", table=config)],
         train_in_backward=False, name=f"{self.name}_lookup")
     self.table = self._lookup.tables[config.name]
-    _TABLES.append(self.table)
 
   @property
   def weights(self):  # Keras collects a model's variables through this

@@ -1,0 +1,207 @@
+"""Table groups: the tables that travel together through one exchange per
+step, and what the pipeline asks of them.
+
+>>> import tfde
+>>> a = tfde.TableConfig(name="a", vocabulary_size=10, embedding_dim=4)
+>>> b = tfde.TableConfig(name="b", vocabulary_size=7, embedding_dim=4)
+>>> tables = {c.name: tfde.tables.make_table(c, auto_replicate_bytes=0)
+...           for c in (a, b)}
+>>> [[t.name for t in g.tables] for g in make_groups(tables, "auto", 1)]
+[['a', 'b']]
+
+Static tables of one width and placement share a fused row space
+(`sharding.FusedGroupLayout`): one unique, one exchange, one gather for
+all of them. A dynamic table is a group of its own, its ids routed as
+keys with their sighting counts. The pipeline (`tfde.lookup`) calls the
+same methods on both; each group delegates to its tables' contract
+(`tfde.tables.base.Table`).
+"""
+
+import collections
+
+import tensorflow as tf
+
+from tfde import ops
+from tfde import routing
+from tfde import sharding
+
+
+class TableGroup:
+  """Tables that share an exchange. Subclasses say how their ids fuse and
+  how a replica serves and trains the rows routed to it.
+
+  Attributes:
+    tables: the member tables, in fused order.
+    index: table name -> position in `tables`.
+    width: the shared embedding width.
+    replicated: every replica holds every row (data parallel).
+    num_shards: replicas the rows are spread over (1 when replicated).
+    routes_ids: ids travel as keys with their counts (dynamic tables),
+      not as local rows.
+    fuses_local: when one replica owns every row it reads, the outputs
+      may be combined straight from the tables (`combine_local`) and the
+      gradients applied from bags.
+  """
+
+  fuses_local = False
+
+  def __init__(self, tables, num_replicas):
+    self.tables = tables
+    self.index = {t.name: i for i, t in enumerate(tables)}
+    self.width = tables[0].embedding_dim
+    self.replicated = tables[0].replicated
+    self.routes_ids = tables[0].routes_ids
+    self.num_shards = 1 if self.replicated else num_replicas
+
+  def fused_ids(self, features):
+    """One id vector for all `features` (FlatFeatures of member tables)."""
+    raise NotImplementedError
+
+  def lookup_local(self, replica, requested, counts, training):
+    """Local compute: [k, width] rows of what was routed to `replica`."""
+    raise NotImplementedError
+
+  def apply_gradient(self, replica, owned, grads):
+    """One optimizer step per table on its rows among `owned`; the steps."""
+    raise NotImplementedError
+
+  def gradient_variables(self, replica):
+    return [t.gradient_variable(replica) for t in self.tables]
+
+  def gradient_slices(self, replica, owned, grads):
+    """id(gradient variable) -> its IndexedSlices gradient (SOK style)."""
+    raise NotImplementedError
+
+  def owned_gradients(self, comm, answer_grad, routed):
+    """(rows this replica owns, their gradients summed over every replica
+    that read them). A replicated group applies the same update on every
+    copy: the gradients of all replicas, summed per row in replica order."""
+    owned, summed = routing.gradients_to_owners(comm, answer_grad, routed)
+    if self.replicated and comm.num_replicas > 1:
+      every_row = comm.all_gather(owned)
+      every_grad = comm.all_gather(summed)
+      owned, owned_inverse, _ = ops.unique_with_counts(every_row)
+      summed = tf.math.unsorted_segment_sum(every_grad, owned_inverse,
+                                            tf.size(owned))
+    return owned, summed
+
+
+class StaticGroup(TableGroup):
+  """Static tables of one width: ids offset into one fused row space."""
+
+  fuses_local = True
+
+  def __init__(self, tables, num_replicas):
+    super().__init__(tables, num_replicas)
+    self.layout = sharding.FusedGroupLayout([t.vocabulary_size for t in tables],
+                                            self.num_shards)
+
+  def fused_ids(self, features):
+    return tf.concat([f.ids + self.layout.id_offset(self.index[f.table.name])
+                      for f in features], 0)
+
+  def _shards(self, replica):
+    return [t.shard(replica) for t in self.tables]
+
+  def lookup_local(self, replica, requested, counts, training):
+    del counts, training
+    return ops.gather_from_tables(self._shards(replica), requested, self.layout.base)
+
+  def combine_local(self, replica, requested, inverse, batch):
+    """[samples, width] outputs of the group's features as one batch
+    (`batch`: row splits, weights, combiner), read straight from the
+    tables without gathering the rows first."""
+    splits, weights, combiner = batch
+    return ops.combine_from_tables(self._shards(replica), requested, self.layout.base,
+                                   inverse, splits, weights, combiner)
+
+  def _per_table(self, owned):
+    """Per table: (its local rows, which gradient rows belong to them). Only
+    the index vectors are split; the optimizers read gradients in place."""
+    if len(self.tables) == 1:
+      return [(owned, None)]
+    return ops.split_rows_by_table(owned, self.layout.base)
+
+  def apply_gradient(self, replica, owned, grads):
+    return [table.apply_gradient(replica, rows, grads, grad_rows=grad_rows)
+            for table, (rows, grad_rows) in zip(self.tables, self._per_table(owned))]
+
+  def gradient_slices(self, replica, owned, grads):
+    slices = {}
+    for table, (rows, grad_rows) in zip(self.tables, self._per_table(owned)):
+      table_grads = grads if grad_rows is None else tf.gather(grads, grad_rows)
+      slices[id(table.gradient_variable(replica))] = table.gradient_slices(
+          replica, rows, table_grads)
+    return slices
+
+
+class DynamicGroup(TableGroup):
+  """One dynamic table: ids are keys, found or created by their owner."""
+
+  def __init__(self, tables, num_replicas):
+    if len(tables) != 1:
+      raise ValueError(f"dynamic tables are looked up alone, got "
+                       f"{[t.name for t in tables]}")
+    super().__init__(tables, num_replicas)
+    self.table = tables[0]
+
+  def fused_ids(self, features):
+    return tf.concat([f.ids for f in features], 0)
+
+  def lookup_local(self, replica, requested, counts, training):
+    return self.table.lookup_local(replica, requested, counts, training)
+
+  def apply_gradient(self, replica, owned, grads):
+    return [self.table.apply_gradient(replica, owned, grads)]
+
+  def gradient_slices(self, replica, owned, grads):
+    return {id(self.table.gradient_variable(replica)):
+            self.table.gradient_slices(replica, owned, grads)}
+
+
+def _stacking_key(table):
+  if table.is_dynamic:
+    return (table.embedding_dim, "dynamic", table.name)  # always alone
+  return (table.embedding_dim, "replicated" if table.replicated else "sharded", "")
+
+
+def stack_tables(tables, table_stacking):
+  """Lists of tables that share an exchange: "auto" (same width and
+  placement), None (each alone), or a list of lists of table names (tables
+  left out go alone)."""
+  if table_stacking == "auto":
+    by_key = collections.defaultdict(list)
+    for name in sorted(tables):
+      by_key[_stacking_key(tables[name])].append(tables[name])
+    return [by_key[k] for k in sorted(by_key)]
+  if table_stacking is None:
+    return [[tables[name]] for name in sorted(tables)]
+  if not isinstance(table_stacking, (list, tuple)) or not all(
+      isinstance(g, (list, tuple)) for g in table_stacking):
+    raise ValueError(f"table_stacking must be 'auto', None or a list of lists "
+                     f"of table names, got {table_stacking!r}")
+  seen, groups = set(), []
+  for names in table_stacking:
+    unknown = sorted(set(names) - set(tables))
+    if unknown:
+      raise ValueError(f"table_stacking names unknown tables {unknown}")
+    repeated = sorted(set(names) & seen)
+    if repeated:
+      raise ValueError(f"table_stacking lists tables {repeated} twice")
+    seen.update(names)
+    members = [tables[n] for n in names]
+    if len(members) > 1 and any(t.is_dynamic for t in members):
+      raise ValueError(f"table_stacking group {list(names)} holds a dynamic "
+                       "table; dynamic tables are looked up alone")
+    if len({_stacking_key(t) for t in members}) > 1:
+      raise ValueError(f"table_stacking group {list(names)} mixes widths or "
+                       "placements; stacked tables must share both")
+    groups.append(members)
+  groups.extend([tables[n]] for n in sorted(set(tables) - seen))
+  return groups
+
+
+def make_groups(tables, table_stacking, num_replicas):
+  """The groups of `tables` (name -> Table) under `table_stacking`."""
+  return [(DynamicGroup if members[0].is_dynamic else StaticGroup)(members, num_replicas)
+          for members in stack_tables(tables, table_stacking)]

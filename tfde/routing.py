@@ -1,0 +1,74 @@
+"""Stages 1 and 3 of a lookup: unique ids to their owners (`id % N`) and
+the rows they serve back, with the backward of both.
+
+>>> import tensorflow as tf
+>>> from tfde import comm, routing
+>>> routed = routing.route_to_owners(
+...     comm.current(), tf.constant([4, 9], tf.int64), tf.constant([0, 1, 0]),
+...     num_shards=1)
+>>> routed.requested.numpy().tolist(), routed.plan is None
+([4, 9], True)
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from tfde import ops
+
+
+@dataclasses.dataclass
+class Routed:
+  """The result of stage 1 for one replica.
+
+  Attributes:
+    requested: what this replica serves: local rows (static tables) or ids
+      (dynamic tables), grouped by the replica that asked.
+    counts: their sightings in the batch (dynamic tables), else None.
+    answer_index: where each of this replica's ids finds its row among the
+      answers of stage 3.
+    plan: the exchange, or None when this replica owns every row.
+  """
+  requested: tf.Tensor
+  counts: object
+  answer_index: tf.Tensor
+  plan: object
+
+
+def route_to_owners(comm, unique, inverse, num_shards, counts=None, dynamic=False):
+  """Stage 1, input distribution: the unique ids (with their counts, if
+  given) grouped by owner, `id mod N`, and sent to it."""
+  if num_shards == 1:
+    # This replica owns every row: nothing to route, and the requests are
+    # already unique.
+    return Routed(unique, counts, inverse, None)
+  owner_ids, send_counts, positions = ops.partition_by_shard(unique, num_shards,
+                                                             dynamic=dynamic)
+  plan = comm.plan(send_counts)
+  if counts is None:
+    requested, requested_counts = comm.all_to_all(owner_ids, plan), None
+  else:
+    # Ids and counts travel together, as the two columns of one tensor.
+    grouped_counts = tf.scatter_nd(positions[:, None], counts, tf.shape(counts))
+    received = comm.all_to_all(tf.stack([owner_ids, grouped_counts], 1), plan)
+    requested, requested_counts = received[:, 0], received[:, 1]
+  # Where each id's row will arrive: composing the two permutations spares
+  # copying the answered rows back into unique order.
+  return Routed(requested, requested_counts, tf.gather(positions, inverse), plan)
+
+
+def answer_requesters(comm, rows, routed):
+  """Stage 3, output distribution: the rows served go back to the replicas
+  that asked for them."""
+  return rows if routed.plan is None else comm.all_to_all(rows, routed.plan.reversed())
+
+
+def gradients_to_owners(comm, answer_grad, routed):
+  """The backward of stages 1 to 3: (the distinct rows or ids this replica
+  serves, their gradients summed over every replica that asked)."""
+  if routed.plan is None:
+    return routed.requested, answer_grad
+  owner_grad = comm.all_to_all(answer_grad, routed.plan)
+  # Several replicas may have asked for the same row.
+  owned, owned_inverse, _ = ops.unique_with_counts(routed.requested)
+  return owned, tf.math.unsorted_segment_sum(owner_grad, owned_inverse, tf.size(owned))

@@ -1,0 +1,199 @@
+"""The table contract: what every kind of table does for the pipeline, the
+savers and the doors.
+
+>>> import tfde
+>>> config = tfde.TableConfig(name="items", vocabulary_size=10,
+...                           embedding_dim=4, optimizer="adagrad")
+>>> table = tfde.tables.ShardedTable(config)
+>>> sorted(table.state())
+['slot_accumulator', 'step', 'table']
+>>> table.owner_of(table.local_variables()[0]) == (table, 0)
+True
+
+A table kind (static sharded, replicated, dynamic; engines to come) is one
+class implementing this contract:
+
+- routing: `routes_ids` (True: ids travel to their owner `id % N` as keys;
+  False: as local rows `id // N`) and `num_shards`;
+- local compute: `lookup_local(replica, requested, counts, training)`,
+  the rows of the ids or rows routed to one of this process's replicas;
+- apply: `apply_gradient(replica, rows, grads, ...)`, one optimizer step
+  on the rows a step touched;
+- explicit gradients (SOK style): `gradient_variable(replica)` and
+  `gradient_slices(replica, rows, grads)`;
+- whole-table state: `state()` and `load_state(state)`, tensors of the
+  whole table (rows, each optimizer slot as `slot_<name>`, the step, and
+  kind-specific fields) independent of the replica count. Checkpoints,
+  Keras saving, warm starts, resharding and serving go through them, so a
+  new field is written once, in the table kind.
+
+Ownership lives on the variables: each variable a table hands out
+(`local_variables()`) names its table and replica (`owner_of`), so
+nothing outside the table keeps it alive or looks it up.
+"""
+
+import tensorflow as tf
+
+from tfde import comm as comm_lib
+from tfde import optimizers
+
+SLOT_PREFIX = "slot_"
+
+
+def switches_optimizer(table, optimizer):
+  """True when `optimizer` is of another kind than the table's (new slots
+  needed), which only an untrained table allows; else adopts it as is."""
+  if optimizer.kind == table.optimizer.kind:
+    table.optimizer = optimizer
+    return False
+  if any(int(step.numpy()) for step in table.steps.values()):
+    raise ValueError(f"table {table.name!r} has been trained with "
+                     f"{table.optimizer.kind!r}; it cannot switch to "
+                     f"{optimizer.kind!r}")
+  return True
+
+
+class Table(tf.Module):
+  """Base class of the table kinds (see the module doc).
+
+  Attributes:
+    config: the table's `TableConfig`.
+    comm: the communicator of the strategy it was built under.
+    num_shards: replicas its rows are spread over (1 when replicated).
+    optimizer: its sparse optimizer (`tfde.optimizers`).
+    steps: replica -> int64 step variable (optimizer steps applied).
+  """
+
+  is_dynamic = False
+  replicated = False
+  routes_ids = False
+
+  def __init__(self, config, communicator=None):
+    super().__init__(name=config.name)
+    self.config = config
+    self.comm = communicator or comm_lib.current()
+    self.optimizer = config.optimizer
+    self.steps = {}
+
+  @property
+  def name(self):
+    return self.config.name
+
+  @property
+  def embedding_dim(self):
+    return self.config.embedding_dim
+
+  @property
+  def vocabulary_size(self):
+    return self.config.vocabulary_size
+
+  def _new_step_variable(self, replica, suffix):
+    self.steps[replica] = comm_lib.local_variable(
+        tf.constant(0, tf.int64), f"{self.name}/{suffix}/step",
+        device=self.comm.replica_device(replica))
+
+  # ---- ownership
+
+  def _own(self, variable, replica):
+    # A strong reference: a variable handed out (sok.Variable) keeps its
+    # table alive, and the cycle goes with the last outside reference.
+    setattr(variable, optimizers.OWNER_ATTRIBUTE, (self, replica))
+    return variable
+
+  owner_of = staticmethod(optimizers.shard_owner)
+
+  # ---- the pipeline's side
+
+  def lookup_local(self, replica, requested, counts, training):
+    """[k, dim] rows of `requested` (local rows, or ids when `routes_ids`),
+    routed to `replica`; `counts` are their sightings in this batch (for
+    tables that count them)."""
+    raise NotImplementedError
+
+  def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None):
+    """One optimizer step on `rows` (unique) of `replica`'s shard:
+    grads[k] (or grads[grad_rows[k]]) is row k's gradient, a matrix or a
+    `tfde.ops.BagGradients`. Returns the new step as a tensor that exists
+    only once the update has run: callers make their results depend on it
+    as data, which no graph rewrite can drop."""
+    raise NotImplementedError
+
+  def gradient_variable(self, replica):
+    """The variable explicit (SOK-style) gradients are taken against."""
+    raise NotImplementedError
+
+  def gradient_slices(self, replica, rows, grads):
+    """`grads` of `rows` as the `tf.IndexedSlices` gradient of
+    `gradient_variable(replica)`."""
+    variable = self.gradient_variable(replica)
+    return tf.IndexedSlices(grads, rows, tf.shape(variable, out_type=tf.int64))
+
+  def local_variables(self):
+    """This process's gradient variables, in replica order (SOK's local
+    embedding variables)."""
+    return [self.gradient_variable(r) for r in sorted(self.steps)]
+
+  def use_optimizer(self, optimizer):
+    """Trains with `optimizer` from now on; another kind (other slots) only
+    before the first update (SOK's wrappers choose at first use)."""
+    raise NotImplementedError
+
+  # ---- whole-table state
+
+  def state_keys(self):
+    """The keys of `state()`."""
+    return (["table"] + [SLOT_PREFIX + s for s in self.optimizer.slot_names] +
+            ["step"])
+
+  def state(self):
+    """dict of key -> tensor: the whole table, whatever the replica count
+    (a collective when shards live in other processes). TF ops only, so it
+    may be traced."""
+    raise NotImplementedError
+
+  def check_state(self, state, source="checkpoint"):
+    """Raises ValueError naming the table when `state` (dict of arrays or
+    tensors, from a "checkpoint" or "saved" weights) cannot be loaded;
+    changes nothing."""
+    missing = sorted(set(self.state_keys()) - set(state))
+    if missing:
+      raise ValueError(f"table {self.name!r}: the {source} lacks {missing} "
+                       f"(was it of another table kind, or trained with another "
+                       f"optimizer than {self.optimizer.kind!r}?)")
+    self._check_shape(state, "step", (), source)
+
+  def _check_shape(self, state, key, expected, source):
+    shape = tuple(state[key].shape)
+    fits = len(shape) == len(expected) and all(
+        e is None or s == e for s, e in zip(shape, expected))
+    if fits:
+      return
+    if source == "checkpoint":
+      raise ValueError(f"table {self.name!r}: the checkpoint's {key} has shape "
+                       f"{shape}, the model's is {expected}")
+    raise ValueError(f"table {self.name!r}: saved shape {shape} differs from "
+                     f"the model's {expected} ({key})")
+
+  def load_state(self, state, source="checkpoint"):
+    """Replaces the whole table with `state` (see `state()`); returns the
+    op (eagerly, it has run). Checks everything before writing anything."""
+    raise NotImplementedError
+
+  def step_value(self):
+    """The number of optimizer steps applied (eager)."""
+    return int(self.steps[min(self.steps)].numpy())
+
+  # Checkpoints hold the whole-table state, so a checkpoint written with N
+  # replicas restores with M.
+
+  def _trackable_children(self, save_type="checkpoint", **kwargs):
+    # Saved through _serialize_to_tensors; a SavedModel for serving holds
+    # whole-table copies (tfde.serving).
+    del save_type, kwargs
+    return {}
+
+  def _serialize_to_tensors(self):
+    return self.state()
+
+  def _restore_from_tensors(self, restored_tensors):
+    return self.load_state(restored_tensors)

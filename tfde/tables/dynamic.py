@@ -1,0 +1,260 @@
+"""Dynamic tables: no fixed vocabulary; a hash table per replica holding
+the rows of the ids `id mod N` (floor) routes to it.
+
+>>> import tensorflow as tf
+>>> import tfde
+>>> config = tfde.TableConfig(name="users", vocabulary_size=None,
+...                           embedding_dim=4, optimizer="sgd",
+...                           initializer="zeros")
+>>> table = tfde.tables.DynamicTable(config)
+>>> rows = table.lookup_local(0, tf.constant([2**40, -7], tf.int64),
+...                           tf.constant([1, 1], tf.int64), training=True)
+>>> table.size(), rows.shape
+(2, TensorShape([2, 4]))
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from tfde import comm as comm_lib
+from tfde import initializers
+from tfde import ops
+from tfde.tables import base
+
+# The whole-table state beyond rows, slots and step: per row its id,
+# sighting count and last step seen; per pending id (not yet admitted) the
+# same three.
+ROW_FIELDS = ("ids", "counts", "last_seen")
+PENDING_FIELDS = ("pending_ids", "pending_counts", "pending_last_seen")
+
+
+def dynamic_spec(config):
+  """The kernel-level description of a dynamic table's shards."""
+  kind, a, b = initializers.per_id(config.initializer, config.embedding_dim,
+                                   config.name)
+  optimizer = config.optimizer
+  return ops.DynamicTableSpec(
+      dim=config.embedding_dim,
+      slot_initial_values=tuple(float(optimizer.slot_initial_value(s))
+                                for s in optimizer.slot_names),
+      initializer=kind, initializer_a=float(a), initializer_b=float(b),
+      seed=config.seed, admit_after=config.dynamic.admit_after,
+      zeros_until_admitted=config.dynamic.unadmitted_value == "zeros")
+
+
+class DynamicTable(base.Table):
+  """A table created row by row as ids are admitted, evicted by
+  `config.dynamic`'s rules.
+
+  Any int64 id is a key, negative and hashed 64-bit ones included. Rows
+  start at the initializer drawn per (seed, id), so contents never depend
+  on the replica count or on the order ids arrive in. Memory grows with
+  the live rows (`memory_bytes()`), not with the id range. Its state holds
+  the whole table (ids, rows, slots, sighting counts, pending ids), so it
+  restores onto any number of replicas.
+  """
+
+  is_dynamic = True
+  routes_ids = True
+
+  def __init__(self, config, communicator=None):
+    if not config.is_dynamic:
+      raise ValueError(f"table {config.name!r} has a vocabulary size; use "
+                       "ShardedTable")
+    super().__init__(config, communicator)
+    self.num_shards = self.comm.num_replicas
+    self.spec = dynamic_spec(config)
+    self.stores = {}
+    self.gradient_variables = {}
+    for replica in self.comm.local_replicas():
+      suffix = f"shard_{replica}_of_{self.num_shards}"
+      self.stores[replica] = self._new_store(replica)
+      self._new_step_variable(replica, suffix)
+      # A [0, D] stand-in that gradients are taken with respect to when a
+      # dynamic table is trained explicitly (SOK's DynamicVariable): its
+      # gradient is tf.IndexedSlices whose indices are ids, not rows.
+      self.gradient_variables[replica] = self._own(comm_lib.local_variable(
+          tf.zeros([0, config.embedding_dim]), f"{config.name}/{suffix}/rows",
+          trainable=True, device=self.comm.replica_device(replica)), replica)
+
+  def _new_store(self, replica):
+    return ops.dynamic_store(self.spec,
+                             f"{self.name}_shard_{replica}_of_{self.num_shards}",
+                             self.comm.replica_device(replica))
+
+  def use_optimizer(self, optimizer):
+    """Rows looked up so far keep their embeddings and get the new
+    optimizer's initial slots."""
+    if not base.switches_optimizer(self, optimizer):
+      return
+    rows = self._gathered()
+    self.optimizer = optimizer
+    self.config = dataclasses.replace(self.config, optimizer=optimizer)
+    self.spec = dynamic_spec(self.config)
+    for replica in list(self.stores):
+      self.stores[replica] = self._new_store(replica)
+    self.assign_rows(rows["ids"], rows["values"][:, 0], rows["counts"],
+                     rows["last_seen"], rows["pending_ids"], rows["pending_counts"],
+                     rows["pending_last_seen"])
+
+  # ---- the pipeline's side
+
+  def lookup_local(self, replica, requested, counts, training):
+    """In training each id counts `counts[i]` sightings at the coming step,
+    which may admit it (create its row); otherwise nothing changes."""
+    return self.lookup_with_addresses(replica, requested, counts, training)[0]
+
+  lookup_shard = lookup_local
+
+  def lookup_with_addresses(self, replica, ids, counts, training):
+    """lookup_local's rows, and the addresses of the ids' rows after it (-1
+    for ids without a row), for `apply_gradient(..., by_address=True)`
+    (mxRec's flow). Both come from one op, so the addresses see the rows
+    this lookup created."""
+    with tf.device(self.comm.replica_device(replica)):
+      step = tf.convert_to_tensor(self.steps[replica]) + 1
+      return self.stores[replica].lookup(ids, counts, step, insert=training)
+
+  lookup_shard_with_addresses = lookup_with_addresses
+
+  def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
+                     by_address=False):
+    """`rows` are ids (or, `by_address`, row addresses); ids without a row
+    are skipped. Eviction runs after the update when due."""
+    optimizer = optimizer or self.optimizer
+    if optimizer.kind != self.optimizer.kind:
+      raise ValueError(f"table {self.name!r} keeps slots for "
+                       f"{self.optimizer.kind!r}, not {optimizer.kind!r}")
+    store = self.stores[replica]
+    dynamic = self.config.dynamic
+    with tf.device(self.comm.replica_device(replica)):
+      # After the gradients exist, hence after this step's lookups read the
+      # step (a TF1 graph orders nothing else).
+      with tf.control_dependencies([rows, grads]):
+        step = self.steps[replica].assign_add(1)
+      with tf.control_dependencies([step]):
+        applied = optimizer.apply_dynamic(store, rows, grads, step, grad_rows,
+                                          by_address=by_address)
+      done = [applied]
+      if dynamic.evicts:
+        with tf.control_dependencies([applied]):
+          evicted = tf.cond(
+              tf.equal(step % dynamic.evict_every_steps, 0),
+              lambda: tf.size(store.evict(step, dynamic.evict_after_steps or 0,
+                                          dynamic.max_rows_per_shard or 0),
+                              out_type=tf.int64),
+              lambda: tf.constant(0, tf.int64))
+        done.append(evicted)
+      with tf.control_dependencies(done):
+        return step + 0 * tf.add_n(done)
+
+  apply_shard_update = apply_gradient
+
+  def gradient_variable(self, replica):
+    return self.gradient_variables[replica]
+
+  def gradient_slices(self, replica, rows, grads):
+    # Indexed by id: the dense shape only has to hold any int64 id.
+    return tf.IndexedSlices(grads, rows,
+                            tf.constant([2**62, self.embedding_dim], tf.int64))
+
+  # ---- whole-table state
+
+  def _gathered(self):
+    """Every shard's export, concatenated and sorted by id (a collective
+    when shards live in other processes)."""
+    fields = ("ids", "values", "counts", "last_seen") + PENDING_FIELDS
+    parts = self.comm.concat_replica_values(
+        {r: list(s.export()) for r, s in self.stores.items()})
+    whole = dict(zip(fields, parts))
+    order = tf.argsort(whole["ids"], stable=True)
+    pending_order = tf.argsort(whole["pending_ids"], stable=True)
+    for field in fields:
+      whole[field] = tf.gather(whole[field],
+                               pending_order if field.startswith("pending") else order)
+    return whole
+
+  def state_keys(self):
+    return list(ROW_FIELDS) + super().state_keys() + list(PENDING_FIELDS)
+
+  def state(self):
+    whole = self._gathered()
+    tensors = {"table": whole["values"][:, 0]}
+    for k, slot in enumerate(self.optimizer.slot_names):
+      tensors[base.SLOT_PREFIX + slot] = whole["values"][:, k + 1]
+    for field in ROW_FIELDS + PENDING_FIELDS:
+      tensors[field] = whole[field]
+    tensors["step"] = tf.convert_to_tensor(self.steps[min(self.steps)])
+    return {key: tensors[key] for key in self.state_keys()}
+
+  def check_state(self, state, source="checkpoint"):
+    super().check_state(state, source)
+    self._check_shape(state, "table", (None, self.embedding_dim), source)
+    rows = state["table"].shape[0]
+    for key in self.state_keys():
+      if key.startswith(base.SLOT_PREFIX):
+        self._check_shape(state, key, (rows, self.embedding_dim), source)
+      elif key in ROW_FIELDS:
+        self._check_shape(state, key, (rows,), source)
+    pending = state["pending_ids"].shape[0]
+    for key in PENDING_FIELDS:
+      self._check_shape(state, key, (pending,), source)
+
+  def load_state(self, state, source="checkpoint"):
+    self.check_state(state, source)
+    values = tf.stack([tf.convert_to_tensor(state["table"], tf.float32)] +
+                      [tf.convert_to_tensor(state[base.SLOT_PREFIX + s], tf.float32)
+                       for s in self.optimizer.slot_names], axis=1)
+    return self.assign_rows(
+        state["ids"], values, state["counts"], state["last_seen"],
+        state["pending_ids"], state["pending_counts"], state["pending_last_seen"],
+        state["step"])
+
+  def assign_rows(self, ids, values, counts=None, last_seen=None,
+                  pending_ids=None, pending_counts=None, pending_last_seen=None,
+                  step=None):
+    """Replaces the whole table: rows `values` [k, slots, dim] (or [k, dim],
+    slots then start at their initial values) for `ids`, each shard keeping
+    the ids it owns. Used by load_state and warm start."""
+    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    values = tf.convert_to_tensor(values, tf.float32)
+    if values.shape.rank == 2:
+      slots = [tf.fill(tf.shape(values), tf.constant(v, tf.float32))
+               for v in self.spec.slot_initial_values]
+      values = tf.stack([values] + slots, axis=1)
+    zeros = tf.zeros_like(ids)
+    counts = zeros if counts is None else tf.cast(counts, tf.int64)
+    last_seen = zeros if last_seen is None else tf.cast(last_seen, tf.int64)
+    empty = tf.zeros([0], tf.int64)
+    pending = [empty if x is None else tf.cast(x, tf.int64)
+               for x in (pending_ids, pending_counts, pending_last_seen)]
+    updates = []
+    for replica, store in self.stores.items():
+      mine = tf.equal(tf.math.floormod(ids, self.num_shards), replica)
+      pending_mine = tf.equal(tf.math.floormod(pending[0], self.num_shards), replica)
+      with tf.device(self.comm.replica_device(replica)):
+        updates.append(store.import_(
+            tf.boolean_mask(ids, mine), tf.boolean_mask(values, mine),
+            tf.boolean_mask(counts, mine), tf.boolean_mask(last_seen, mine),
+            *[tf.boolean_mask(x, pending_mine) for x in pending]))
+    if step is not None:
+      updates += [s.assign(tf.cast(step, tf.int64)) for s in self.steps.values()]
+    return tf.group(updates)
+
+  # ---- views (eager)
+
+  def export_rows(self):
+    """The whole state as numpy arrays sorted by id: ids, table [k, dim],
+    one `slot_<name>` [k, dim] array per optimizer slot, counts, last_seen,
+    the pending ids' fields and the step."""
+    return {k: v.numpy() for k, v in self.state().items()}
+
+  def size(self):
+    """Live rows over all shards of this process (eager)."""
+    return int(sum(int(s.stats()[0]) for s in self.stores.values()))
+
+  def memory_bytes(self):
+    """Host memory held by this process's shards (eager): grows with the
+    live rows, not with the range of the ids."""
+    return int(sum(int(s.stats()[2]) for s in self.stores.values()))

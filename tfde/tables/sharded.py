@@ -1,0 +1,192 @@
+"""Static tables: `vocabulary_size` rows sharded over the replicas by
+`id % N`, or replicated whole on each.
+
+>>> import tfde
+>>> config = tfde.TableConfig(name="items", vocabulary_size=10,
+...                           embedding_dim=4, optimizer="adagrad")
+>>> table = tfde.tables.ShardedTable(config)   # no strategy: one shard
+>>> table.num_shards, table.full_table().shape
+(1, (10, 4))
+
+A table's initial value is a function of (seed, global row) only, so the
+full table is the same whatever the number of shards; optimizer slots are
+sharded like the table, and each shard counts its optimizer steps.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tfde import comm as comm_lib
+from tfde import initializers
+from tfde import ops
+from tfde import sharding
+from tfde.tables import base
+
+
+class ShardedTable(base.Table):
+  """A static table of `vocabulary_size` rows spread over the replicas.
+
+  Replica r holds global rows r, r+N, r+2N, ... as local rows 0, 1, 2, ...
+  Only the shards of replicas in this process are created here.
+
+  With `replicated=True` every replica instead holds the whole table (one
+  "shard" of V rows per replica, data parallel): its gradients are summed
+  over all replicas before each replica applies the same update.
+
+  Args:
+    config: the table's `TableConfig`.
+    communicator: where the shards live; default `tfde.comm.current()`,
+      from the strategy scope (or Horovod) this is built in.
+    replicated: keep a full copy per replica instead of sharding.
+  """
+
+  def __init__(self, config, communicator=None, replicated=False):
+    if config.is_dynamic:
+      raise ValueError(f"table {config.name!r} is dynamic; use DynamicTable")
+    super().__init__(config, communicator)
+    self.replicated = replicated
+    self.num_shards = 1 if replicated else self.comm.num_replicas
+    self.rows_per_shard = sharding.rows_per_shard(config.vocabulary_size,
+                                                  self.num_shards)
+    self.shards = {}
+    self.slots = {}
+    for replica in self.comm.local_replicas():
+      if replicated:
+        suffix = f"replica_{replica}"
+        initial = initializers.shard_value(config, 1, 0)
+      else:
+        suffix = f"shard_{replica}_of_{self.num_shards}"
+        initial = initializers.shard_value(config, self.num_shards, replica)
+      self.shards[replica] = self._own(comm_lib.local_variable(
+          initial, f"{config.name}/{suffix}", trainable=True,
+          device=self.comm.replica_device(replica)), replica)
+      self.slots[replica] = self._new_slots(replica, self.optimizer)
+      self._new_step_variable(replica, suffix)
+
+  def _new_slots(self, replica, optimizer):
+    device = self.comm.replica_device(replica)
+    shard = self.shards[replica]
+    return optimizer.create_slots(
+        shard.shape, name=shard.name.split(":")[0], device=device,
+        creator=lambda value, name: comm_lib.local_variable(value, name, device=device))
+
+  def shard(self, replica):
+    return self.shards[replica]
+
+  def use_optimizer(self, optimizer):
+    if not base.switches_optimizer(self, optimizer):
+      return
+    self.optimizer = optimizer
+    for replica in self.shards:
+      self.slots[replica] = self._new_slots(replica, optimizer)
+
+  # ---- the pipeline's side
+
+  def lookup_local(self, replica, requested, counts, training):
+    del counts, training
+    return ops.gather_from_tables([self.shards[replica]], requested, [0])
+
+  def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None):
+    # The step counter advances even with no rows, so every shard agrees on
+    # the step used by Adam's bias correction.
+    optimizer = optimizer or self.optimizer
+    with tf.device(self.comm.replica_device(replica)):
+      step = self.steps[replica].assign_add(1)
+      with tf.control_dependencies([step]):
+        update = optimizer.apply(self.shards[replica], self.slots[replica],
+                                 rows, grads, step, grad_rows=grad_rows)
+      with tf.control_dependencies([update]):
+        return tf.identity(step)
+
+  apply_shard_update = apply_gradient
+
+  def gradient_variable(self, replica):
+    return self.shards[replica]
+
+  # ---- whole-table state: [V, D] tensors from the shards, and back
+
+  def _gathered(self, variables_by_replica):
+    """The [V, D] table from local shard variables, as a tensor."""
+    if self.replicated:
+      return tf.convert_to_tensor(variables_by_replica[min(variables_by_replica)])
+    # [N, rows, D], from other processes too (a collective: every process
+    # saves, as MultiWorkerMirroredStrategy requires).
+    shards = self.comm.gather_replica_values(
+        {r: v.read_value() for r, v in variables_by_replica.items()})
+    # Global row local * N + shard: interleave the shards row by row.
+    full = tf.reshape(tf.transpose(shards, [1, 0, 2]),
+                      [self.rows_per_shard * self.num_shards, self.embedding_dim])
+    return full[:self.vocabulary_size]
+
+  def _sharded(self, full):
+    """The inverse of _gathered: one [rows_per_shard, D] tensor per shard."""
+    if self.replicated:
+      return {r: full for r in self.shards}
+    padding = self.rows_per_shard * self.num_shards - self.vocabulary_size
+    full = tf.pad(full, [[0, padding], [0, 0]])
+    full = tf.reshape(full, [self.rows_per_shard, self.num_shards,
+                             self.embedding_dim])
+    return {r: full[:, r] for r in self.shards}
+
+  def _variables(self, key):
+    """replica -> the variable holding state key `key` there."""
+    if key == "table":
+      return self.shards
+    slot = key[len(base.SLOT_PREFIX):]
+    return {r: s[slot] for r, s in self.slots.items()}
+
+  def state(self):
+    tensors = {key: self._gathered(self._variables(key))
+               for key in self.state_keys() if key != "step"}
+    tensors["step"] = tf.convert_to_tensor(self.steps[min(self.steps)])
+    return tensors
+
+  def check_state(self, state, source="checkpoint"):
+    super().check_state(state, source)
+    expected = (self.vocabulary_size, self.embedding_dim)
+    for key in self.state_keys():
+      if key != "step":
+        self._check_shape(state, key, expected, source)
+
+  def load_state(self, state, source="checkpoint"):
+    self.check_state(state, source)
+    updates = []
+    for key in self.state_keys():
+      if key == "step":
+        updates += [s.assign(tf.cast(state["step"], tf.int64))
+                    for s in self.steps.values()]
+      else:
+        updates += self._assign_whole(self._variables(key), state[key])
+    return tf.group(updates)
+
+  def _assign_whole(self, variables_by_replica, full):
+    """Assign ops setting local shard variables from a [V, D] tensor."""
+    parts = self._sharded(tf.convert_to_tensor(full, tf.float32))
+    return [variables_by_replica[r].assign(parts[r]) for r in variables_by_replica]
+
+  # ---- whole-table views (eager)
+
+  def full_table(self):
+    """The whole [V, D] table as a numpy array (a collective when shards
+    live in other processes)."""
+    return self._gathered(self.shards).numpy()
+
+  def full_slot(self, slot_name):
+    return self._gathered(self._variables(base.SLOT_PREFIX + slot_name)).numpy()
+
+  def assign_full(self, values):
+    """Sets the whole table from a [V, D] array (warm start)."""
+    self._check_whole(values, "values")
+    self._assign_whole(self.shards, values)
+
+  def assign_full_slot(self, slot_name, values):
+    """Sets one optimizer slot of the whole table from a [V, D] array."""
+    self._check_whole(values, f"slot {slot_name!r}")
+    self._assign_whole(self._variables(base.SLOT_PREFIX + slot_name), values)
+
+  def _check_whole(self, values, what):
+    shape = tuple(np.shape(values))
+    expected = (self.vocabulary_size, self.embedding_dim)
+    if shape != expected:
+      raise ValueError(f"table {self.name!r}: {what} have shape {shape}, "
+                       f"the table is {expected}")
