@@ -32,7 +32,7 @@ def main():
   variant = ["sgd", "adagrad", "adam", "ftrl"].index(args.optimizer)
   configs = h.feature_configs(args.optimizer, variant)
   with strategy.scope():
-    lookup = tfde.lookup.ShardedLookup(configs)
+    lookup = h.sharded_lookup(configs)
   assert lookup.comm.num_replicas == num_replicas, lookup.comm
   initial = {name: t.shards[rank].numpy() for name, t in lookup.tables.items()}
 

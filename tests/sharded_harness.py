@@ -56,9 +56,17 @@ def numpy_optimizer(kind, shape):
   return oracles.NumpyOptimizer(kind, shape, **hp)
 
 
+def sharded_lookup(feature_configs, **kwargs):
+  """A ShardedLookup that shards every "auto" table, however small: the
+  harness's tables are tiny, and sharding them is what the suite tests
+  (placement's default would replicate them; tests/test_layers.py and
+  tfde.placement's doctest cover the default)."""
+  return tfde.lookup.ShardedLookup(feature_configs, auto_replicate_bytes=0, **kwargs)
+
+
 def feature_configs(optimizer_kind, variant=0, placements=None):
   """`placements` maps table names to a placement (default "auto", which
-  the low-level ShardedLookup shards)."""
+  `sharded_lookup` shards)."""
   placements = placements or {}
   tables = {}
   for i, (name, (vocab, dim)) in enumerate(sorted(TABLES.items())):

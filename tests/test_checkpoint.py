@@ -32,7 +32,7 @@ def _train(strategy, lookup, batches):
 def _lookup(strategy, kind="adam"):
   configs = h.feature_configs(kind, variant=1, placements={"B": "default_device"})
   with strategy.scope():
-    return tfde.lookup.ShardedLookup(configs), configs
+    return h.sharded_lookup(configs), configs
 
 
 @pytest.mark.parametrize("restore_n", [1, 2, 4])
@@ -74,7 +74,7 @@ def test_checkpoint_of_another_config_is_refused_naming_the_table(tmp_path):
   path = tf.train.Checkpoint(lookup=lookup).write(str(tmp_path / "c"))
   table = tfde.TableConfig(name="A", vocabulary_size=40, embedding_dim=4,
                            optimizer=h.sparse_optimizer("adam"))
-  other = tfde.lookup.ShardedLookup({"f": tfde.FeatureConfig(name="f", table=table)})
+  other = h.sharded_lookup({"f": tfde.FeatureConfig(name="f", table=table)})
   before = other.table_values()
   with pytest.raises(ValueError, match=r"table 'A': the checkpoint's \w+ has "
                                        r"shape \(37, 4\), the model's is \(40, 4\)"):
@@ -82,7 +82,7 @@ def test_checkpoint_of_another_config_is_refused_naming_the_table(tmp_path):
   np.testing.assert_array_equal(other.table_values()["A"], before["A"])
   sgd = tfde.TableConfig(name="A", vocabulary_size=37, embedding_dim=4,
                          optimizer="adagrad")
-  other = tfde.lookup.ShardedLookup({"f": tfde.FeatureConfig(name="f", table=sgd)})
+  other = h.sharded_lookup({"f": tfde.FeatureConfig(name="f", table=sgd)})
   # TensorFlow itself refuses first, naming the table's missing slot.
   with pytest.raises(tf.errors.NotFoundError,
                      match=r"tables/A/.ATTRIBUTES/slot_accumulator not found"):
@@ -107,7 +107,7 @@ def test_keras_model_checkpoint_across_replica_counts(tmp_path):
 
 def test_warm_start_from_numpy_keras_embedding_and_variable(tmp_path):
   table = tfde.TableConfig(name="t", vocabulary_size=30, embedding_dim=3)
-  lookup = tfde.lookup.ShardedLookup({"f": tfde.FeatureConfig(name="f", table=table)})
+  lookup = h.sharded_lookup({"f": tfde.FeatureConfig(name="f", table=table)})
   target = lookup.tables["t"]
   values = np.random.default_rng(0).normal(size=(30, 3)).astype(np.float32)
   tfde.checkpoint.warm_start(target, values)

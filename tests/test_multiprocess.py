@@ -254,14 +254,14 @@ def test_killed_multi_worker_run_resumes_to_the_uninterrupted_result(tmp_path):
   final = {n: tfde.sharding.unshard_table([r[f"final/{n}"] for r in results],
                                           h.TABLES[n][0]) for n in h.TABLES}
   # The initial tables do not depend on the replica count.
-  fresh = tfde.lookup.ShardedLookup(configs)
+  fresh = h.sharded_lookup(configs)
   _, want = h.reference_run(configs, fresh.table_values(), batches)
   for n in h.TABLES:
     np.testing.assert_allclose(final[n], want[n], rtol=1e-5, atol=1e-6,
                                err_msg=f"table {n}")
 
   # From 2 worker processes to 1 process: the same tables, slots and step.
-  single = tfde.lookup.ShardedLookup(configs)
+  single = h.sharded_lookup(configs)
   tf.train.Checkpoint(lookup=single).restore(
       tf.train.latest_checkpoint(checkpoints)).assert_consumed()
   for n in h.TABLES:
@@ -316,7 +316,7 @@ def test_dynamic_table_under_multi_worker_mirrored(tmp_path):
   _check_dynamic(str(tmp_path), "adam", batches)
   # The 2-worker checkpoint restores into this single process unchanged.
   saved = np.load(os.path.join(tmp_path, "dynamic_0.npz"))
-  lookup = tfde.lookup.ShardedLookup(dynamic_harness.feature_configs(
+  lookup = h.sharded_lookup(dynamic_harness.feature_configs(
       dynamic_harness.table_config("adam", admit_after=2, evict_after_steps=4)))
   tf.train.Checkpoint(lookup=lookup).read(checkpoint).assert_consumed()
   for key, value in lookup.tables["users"].export_rows().items():

@@ -133,7 +133,7 @@ def test_sharded_lookup_trains_in_a_tf1_session(op_backend, kind):
   oracle = oracles.DynamicTableOracle(4, kind, h.numpy_optimizer(kind, (1, 4)).hp,
                                       init=("uniform", -0.05, 0.05), admit_after=2)
   with tf.Graph().as_default():
-    lookup = tfde.lookup.ShardedLookup(dict(
+    lookup = h.sharded_lookup(dict(
         configs, d_hashed=tfde.FeatureConfig(name="d_hashed", table=dynamic)))
     static = {n: t for n, t in lookup.tables.items() if not t.is_dynamic}
     train_ops = []

@@ -44,7 +44,7 @@ def sharded_run(strategy, configs, batches, weighted, use_function=True,
   tables, the per-step gradients (explicit mode) and the lookup."""
   n = strategy.num_replicas_in_sync
   with strategy.scope():
-    lookup = tfde.lookup.ShardedLookup(configs, train_in_backward=train_in_backward)
+    lookup = h.sharded_lookup(configs, train_in_backward=train_in_backward)
   initial = {name: t.full_table() for name, t in lookup.tables.items()}
   step = make_step(strategy, lookup, weighted, use_function)
   first_outputs, all_grads = None, []
@@ -72,7 +72,7 @@ def test_initial_table_is_independent_of_replica_count():
   values = []
   for n in (1, 2, 4):
     with mirrored(n).scope():
-      lookup = tfde.lookup.ShardedLookup(h.feature_configs("sgd"))
+      lookup = h.sharded_lookup(h.feature_configs("sgd"))
     values.append({k: t.full_table() for k, t in lookup.tables.items()})
   for other in values[1:]:
     for name in values[0]:
@@ -83,11 +83,11 @@ def test_initial_table_is_independent_of_replica_count():
 def test_shards_hold_mod_n_rows(strategy):
   n = strategy.num_replicas_in_sync
   with strategy.scope():
-    lookup = tfde.lookup.ShardedLookup(h.feature_configs("sgd"))
+    lookup = h.sharded_lookup(h.feature_configs("sgd"))
   table = lookup.tables["B"]
   # The one-replica table is a single plain variable: the whole table.
   with mirrored(1).scope():
-    whole = tfde.lookup.ShardedLookup(h.feature_configs("sgd"))
+    whole = h.sharded_lookup(h.feature_configs("sgd"))
   full = whole.tables["B"].shards[0].numpy()
   for replica, shard in table.shards.items():
     assert shard.shape == (-(-50 // n), 4)
@@ -183,7 +183,7 @@ def test_table_of_a_group_without_ids_this_step(backend):
     configs = {n: tfde.FeatureConfig(name=n, table=tfde.TableConfig(
         name="t" + n, vocabulary_size=10, embedding_dim=4, combiner="sum",
         optimizer=tfde.optimizers.SGD(learning_rate=0.1))) for n in ("a", "b")}
-    lookup = tfde.lookup.ShardedLookup(configs)
+    lookup = h.sharded_lookup(configs)
     before = {n: lookup.tables["t" + n].shard(0).numpy().copy() for n in ("a", "b")}
     with tf.GradientTape() as tape:
       out = lookup({"a": tf.constant([[1, 2], [3, 1]], tf.int64),
@@ -202,7 +202,7 @@ def test_bytes_are_counted(strategy):
   n = strategy.num_replicas_in_sync
   configs = h.feature_configs("sgd")
   with strategy.scope():
-    lookup = tfde.lookup.ShardedLookup(configs)
+    lookup = h.sharded_lookup(configs)
   lookup.comm.reset_bytes_sent()
   batch = h.make_batch(0, weighted=False, num_replicas=n)
   per = [h.replica_inputs(batch, r, n) for r in range(n)]
@@ -232,7 +232,7 @@ def test_bytes_are_counted(strategy):
 @pytest.fixture()
 def small_lookup():
   configs = h.feature_configs("adam")
-  return tfde.lookup.ShardedLookup(configs)
+  return h.sharded_lookup(configs)
 
 
 def _good_inputs():
@@ -319,7 +319,7 @@ def test_wrong_dtype_or_rank_is_named(small_lookup, bad):
 
 def test_calling_under_another_replica_count_is_an_error():
   with mirrored(2).scope():
-    lookup = tfde.lookup.ShardedLookup(h.feature_configs("sgd"))
+    lookup = h.sharded_lookup(h.feature_configs("sgd"))
   inputs, _ = _good_inputs()
   with pytest.raises(RuntimeError, match="built for 2 replicas"):
     lookup(inputs)
@@ -333,7 +333,7 @@ def test_explicit_path_apply_gradients_equals_reference(strategy):
   batches = [h.make_batch(s, weighted=True, seed=3, num_replicas=n)
              for s in range(3)]
   with strategy.scope():
-    lookup = tfde.lookup.ShardedLookup(configs, train_in_backward=False)
+    lookup = h.sharded_lookup(configs, train_in_backward=False)
   initial = lookup.table_values()
   _, want = h.reference_run(configs, initial, batches)
   optimizer = h.sparse_optimizer("adam")
@@ -359,7 +359,7 @@ def test_explicit_path_apply_gradients_equals_reference(strategy):
 
 def test_apply_gradients_rejects_foreign_variables_and_kinds():
   configs = h.feature_configs("adam")
-  lookup = tfde.lookup.ShardedLookup(configs)
+  lookup = h.sharded_lookup(configs)
   shard = lookup.tables["A"].local_variables()[0]
   grad = tf.IndexedSlices(tf.ones([1, 4]), tf.constant([0]), tf.constant([19, 4]))
   with pytest.raises(ValueError, match="not a tfde table shard"):
@@ -402,10 +402,10 @@ def test_table_stacking_choices():
   for stacking, groups in [("auto", [["C"], ["A", "B"]]),
                            (None, [["A"], ["B"], ["C"]]),
                            ([["B"], ["A"]], [["B"], ["A"], ["C"]])]:
-    lookup = tfde.lookup.ShardedLookup(configs, table_stacking=stacking)
+    lookup = h.sharded_lookup(configs, table_stacking=stacking)
     got = [[t.name for t in g.tables] for g in lookup._groups]  # pylint: disable=protected-access
     assert sorted(got) == sorted(groups), (stacking, got)
   with pytest.raises(ValueError, match="mixes widths"):
-    tfde.lookup.ShardedLookup(configs, table_stacking=[["A", "C"]])
+    h.sharded_lookup(configs, table_stacking=[["A", "C"]])
   with pytest.raises(ValueError, match="unknown tables"):
-    tfde.lookup.ShardedLookup(configs, table_stacking=[["Z"]])
+    h.sharded_lookup(configs, table_stacking=[["Z"]])

@@ -36,7 +36,7 @@ def warm_start(table, source, variable_name=None):
   """Sets a table's rows from `source`, keeping its optimizer slots.
 
   Args:
-    table: a `tfde.tables.ShardedTable`.
+    table: a static table (`tfde.tables.ShardedTable`).
     source: a [V, D] array, or the path of a checkpoint holding a variable
       of that shape (a `keras.layers.Embedding`'s `embeddings`, a
       `tf.Variable`, ...).
@@ -63,4 +63,7 @@ def warm_start(table, source, variable_name=None):
       raise ValueError(f"table {table.name!r}: {variable_name!r} has shape "
                        f"{shapes[variable_name]}, the table is {expected}")
     source = tf.train.load_variable(path, variable_name)
-  table.assign_full(np.asarray(source))
+  # Through the table's whole state: its slots and step stay as they are.
+  state = table.state()
+  state["table"] = tf.convert_to_tensor(np.asarray(source, np.float32))
+  table.load_state(state, source="saved")

@@ -90,7 +90,6 @@ class DistributedEmbedding(keras.layers.Layer):
         name="sparse_update_trigger")
     self._lookup = lookup_lib.ShardedLookup(
         {f.name: f for f in flat}, table_stacking=table_stacking,
-        auto_replicate_bytes=None,  # the placement policy's default
         update_trigger=self.sparse_update_trigger.value,
         name=f"{self.name}_lookup")
     self._serving_tables = None

@@ -116,9 +116,9 @@ class ShardedLookup(tf.Module):
       one width and placement), None (each table alone), or a list of lists
       of table names (tables left out go alone).
     auto_replicate_bytes: tables with placement "auto" and at most this
-      many bytes (V * D * 4) are replicated instead of sharded (see
-      `tfde.placement`); None for the policy's default (the Keras layer's).
-      The low-level default 0 shards them all.
+      many bytes (V * D * 4) are replicated instead of sharded; None (the
+      default) takes `tfde.placement`'s, as the Keras layer does; 0 shards
+      every "auto" table.
     update_trigger: the scalar variable whose gradient runs the backward
       pass (the Keras layer passes one of its weights); made here if None.
 
@@ -128,7 +128,7 @@ class ShardedLookup(tf.Module):
   """
 
   def __init__(self, feature_configs, tables=None, train_in_backward=True,
-               table_stacking="auto", auto_replicate_bytes=0,
+               table_stacking="auto", auto_replicate_bytes=None,
                update_trigger=None, name="sharded_lookup"):
     super().__init__(name=name)
     if isinstance(feature_configs, dict):

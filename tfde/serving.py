@@ -49,12 +49,11 @@ class DynamicServingTable(tf.Module):
 
   def __init__(self, table, name):
     super().__init__(name=name)
-    rows = table.export_rows()
-    self.rows = tf.Variable(rows["table"], trainable=False, name=f"{name}_rows")
+    state = table.state()
+    self.rows = tf.Variable(state["table"], trainable=False, name=f"{name}_rows")
     self.index = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(
-            tf.constant(rows["ids"], tf.int64),
-            tf.range(len(rows["ids"]), dtype=tf.int64)),
+            state["ids"], tf.range(tf.size(state["ids"], out_type=tf.int64))),
         default_value=-1, name=f"{name}_index")
     self._spec = table.spec
 
@@ -101,7 +100,7 @@ def export_for_serving(model_or_layer, path, example_inputs):
         if table.is_dynamic:
           full[name] = DynamicServingTable(table, f"{layer.name}_{name}")
         else:
-          full[name] = tf.Variable(table.full_table(), trainable=False,
+          full[name] = tf.Variable(table.state()["table"], trainable=False,
                                    name=f"{layer.name}_{name}")
     tables[layer.name] = full
   signature = tf.nest.map_structure(_spec, example_inputs)

@@ -222,9 +222,10 @@ class _EmbeddingLayerBase:
   """Shared by the v1 layers: one table, one explicit-gradient lookup."""
 
   def _make_lookup(self, config):
+    # SOK's tables are distributed (rows by id % N), however small.
     self._lookup = lookup_lib.ShardedLookup(
         [config_lib.FeatureConfig(name="ids", table=config)],
-        train_in_backward=False, name=f"{self.name}_lookup")
+        train_in_backward=False, auto_replicate_bytes=0, name=f"{self.name}_lookup")
     self.table = self._lookup.tables[config.name]
 
   @property
