@@ -9,6 +9,7 @@ current code.
 """
 
 import gc
+import importlib.util
 import os
 import weakref
 
@@ -23,16 +24,15 @@ from tests.test_sharded import mirrored
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
 
-def _configs():
-  # The configs of tests/data/make_legacy_files.py.
-  static = tfde.TableConfig(name="items", vocabulary_size=40, embedding_dim=4,
-                            optimizer="adam", combiner="sum", seed=3)
-  dynamic = tfde.TableConfig(name="users", vocabulary_size=None, embedding_dim=4,
-                             optimizer="adagrad", combiner="mean",
-                             initializer="uniform", seed=5,
-                             dynamic=tfde.DynamicConfig(admit_after=2))
-  return {"item": tfde.FeatureConfig(name="item", table=static),
-          "user": tfde.FeatureConfig(name="user", table=dynamic)}
+def _load_generator():
+  spec = importlib.util.spec_from_file_location(
+      "make_legacy_files", os.path.join(DATA, "make_legacy_files.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+_configs = _load_generator().configs
 
 
 def _expected(prefix):

@@ -18,6 +18,7 @@ PLACEMENTS = ("auto", "default_device", "sparsecore")
 
 
 UNADMITTED_VALUES = ("initial", "zeros")
+NONFINITE = ("error", "skip")
 
 
 @dataclasses.dataclass
@@ -107,6 +108,11 @@ class TableConfig:
     dynamic: For a dynamic table, its `DynamicConfig` (admission and
       eviction); None gives the defaults (admit at once, never evict). Only
       for `vocabulary_size=None`.
+    nonfinite: What a step whose gradients for this table hold NaN or Inf
+      does: "error" raises an InvalidArgumentError naming the table and the
+      step, with the table and its slots unchanged; "skip" skips the
+      table's update for that step (every replica alike) and counts it
+      (`Table.skipped_updates()`).
   """
 
   name: str
@@ -120,6 +126,7 @@ class TableConfig:
   max_unique_ids_per_partition: int = 256
   seed: int = 0
   dynamic: Optional[DynamicConfig] = None
+  nonfinite: str = "error"
 
   def __post_init__(self):
     if not isinstance(self.name, str) or not self.name:
@@ -145,6 +152,9 @@ class TableConfig:
       value = getattr(self, field)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{where}: {field} must be a positive int, got {value!r}")
+    if self.nonfinite not in NONFINITE:
+      raise ValueError(f"{where}: nonfinite must be one of {NONFINITE}, got "
+                       f"{self.nonfinite!r}")
     if not isinstance(self.seed, int):
       raise ValueError(f"{where}: seed must be an int, got {self.seed!r}")
     if self.vocabulary_size is None:
@@ -192,6 +202,7 @@ class TableConfig:
         "max_unique_ids_per_partition": self.max_unique_ids_per_partition,
         "seed": self.seed,
         "dynamic": None if self.dynamic is None else self.dynamic.get_config(),
+        "nonfinite": self.nonfinite,
     }
 
   @classmethod

@@ -61,8 +61,9 @@ class TableGroup:
     """Local compute: [k, width] rows of what was routed to `replica`."""
     raise NotImplementedError
 
-  def apply_gradient(self, replica, owned, grads):
-    """One optimizer step per table on its rows among `owned`; the steps."""
+  def apply_gradient(self, replica, owned, grads, finite):
+    """One optimizer step per table on its rows among `owned`, guarded by
+    `finite` (table name -> scalar bool); the steps."""
     raise NotImplementedError
 
   def gradient_variables(self, replica):
@@ -122,8 +123,9 @@ class StaticGroup(TableGroup):
       return [(owned, None)]
     return ops.split_rows_by_table(owned, self.layout.base)
 
-  def apply_gradient(self, replica, owned, grads):
-    return [table.apply_gradient(replica, rows, grads, grad_rows=grad_rows)
+  def apply_gradient(self, replica, owned, grads, finite):
+    return [table.apply_gradient(replica, rows, grads, grad_rows=grad_rows,
+                                 finite=finite[table.name])
             for table, (rows, grad_rows) in zip(self.tables, self._per_table(owned))]
 
   def gradient_slices(self, replica, owned, grads):
@@ -151,8 +153,9 @@ class DynamicGroup(TableGroup):
   def lookup_local(self, replica, requested, counts, training):
     return self.table.lookup_local(replica, requested, counts, training)
 
-  def apply_gradient(self, replica, owned, grads):
-    return [self.table.apply_gradient(replica, owned, grads)]
+  def apply_gradient(self, replica, owned, grads, finite):
+    return [self.table.apply_gradient(replica, owned, grads,
+                                      finite=finite[self.table.name])]
 
   def gradient_slices(self, replica, owned, grads):
     return {id(self.table.gradient_variable(replica)):

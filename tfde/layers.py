@@ -223,8 +223,12 @@ class DistributedEmbedding(keras.layers.Layer):
   def save_own_variables(self, store):
     store["sparse_update_trigger"] = np.asarray(self.sparse_update_trigger.numpy())
     for name, table in self._lookup.tables.items():
-      for key, value in table.state().items():
-        store[self._store_key(name, key)] = value.numpy()
+      state = {key: value.numpy() for key, value in table.state().items()}
+      for key, value in state.items():
+        store[self._store_key(name, key)] = value
+      # HDF5 keeps no checksum: a flipped bit would load silently.
+      store[self._store_key(name, "checksum")] = np.asarray(
+          tables_base.state_checksum(state), np.int64)
 
   def load_own_variables(self, store):
     keys = set(store.keys())
@@ -241,9 +245,17 @@ class DistributedEmbedding(keras.layers.Layer):
                       for key in table.state_keys()
                       if self._store_key(name, key) in keys}
     # Every table is checked before any is written: a bad file changes
-    # nothing.
+    # nothing. (Files saved before checksums existed have none.)
     for name, table in self._lookup.tables.items():
       table.check_state(states[name], source="saved")
+      checksum_key = self._store_key(name, "checksum")
+      if checksum_key in keys:
+        saved = int(np.asarray(store[checksum_key]))
+        read = tables_base.state_checksum(states[name])
+        if saved != read:
+          raise ValueError(f"table {name!r}: the saved weights fail their "
+                           f"checksum (saved {saved}, read {read}); the file "
+                           "is corrupted, and nothing was loaded")
     self.sparse_update_trigger.assign(np.asarray(store["sparse_update_trigger"]))
     for name, table in self._lookup.tables.items():
       table.load_state(states[name], source="saved")

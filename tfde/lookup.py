@@ -294,13 +294,32 @@ class ShardedLookup(tf.Module):
                                                splits, weights, step.num_rows, combiner)
       owned, summed = group.owned_gradients(self.comm, answer_grad, step.routed)
     if self.train_in_backward:
-      applied = group.apply_gradient(step.replica, owned, summed)
+      finite = self._finite_by_table(step, grads)
+      applied = group.apply_gradient(step.replica, owned, summed, finite)
       # Zero, but computed from the updates' results, so whatever consumes
       # the trigger's gradient runs them.
       done = tf.add_n([tf.cast(u, trigger_value.dtype) for u in applied])
       return tf.zeros_like(trigger_value) * done, [None] * len(variables)
     slices = group.gradient_slices(step.replica, owned, summed)
     return tf.zeros_like(trigger_value), [slices.get(id(v)) for v in variables]
+
+  def _finite_by_table(self, step, output_grads):
+    """table name -> whether every replica's gradients for the table's rows
+    are finite this step (its features' output gradients and weights). One
+    flag for all replicas, so a table is updated everywhere or nowhere."""
+    names = [t.name for t in step.group.tables]
+    flags = []
+    for name in names:
+      parts = [tf.reduce_all(tf.math.is_finite(g)) for f, g in
+               zip(step.features, output_grads) if f.table.name == name]
+      parts += [tf.reduce_all(tf.math.is_finite(f.weights)) for f in step.features
+                if f.table.name == name and f.weights is not None]
+      flags.append(tf.reduce_all(tf.stack(parts)) if parts else tf.constant(True))
+    finite = tf.stack(flags)
+    if self.comm.num_replicas > 1:
+      every = self.comm.all_gather(tf.cast(finite, tf.int32)[None])
+      finite = tf.equal(tf.reduce_min(every, axis=0), 1)
+    return {name: finite[i] for i, name in enumerate(names)}
 
   def _trackable_children(self, save_type="checkpoint", **kwargs):
     children = super()._trackable_children(save_type, **kwargs)

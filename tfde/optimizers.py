@@ -133,7 +133,11 @@ class SparseOptimizer:
       summed = tf.math.unsorted_segment_sum(grad.values, inverse,
                                             tf.size(unique))
       # The table keeps the slots and the step; this optimizer is the rule.
-      updates.append(table.apply_gradient(replica, unique, summed, optimizer=self))
+      # Checked on this replica's gradient (SOK runs one replica per
+      # process and applies each rank's gradients where they are).
+      finite = tf.reduce_all(tf.math.is_finite(summed))
+      updates.append(table.apply_gradient(replica, unique, summed, optimizer=self,
+                                          finite=finite))
     return tf.group(updates)
 
   # ---- serialisation

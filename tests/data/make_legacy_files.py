@@ -45,6 +45,19 @@ def model():
   return keras.Model(inputs, out)
 
 
+def _table_arrays(prefix, tables):
+  """"<prefix>/<table>/<field>" -> array, for every table."""
+  arrays = {}
+  for name, table in tables.items():
+    if table.is_dynamic:
+      fields = table.export_rows()
+    else:
+      fields = {"table": table.full_table()}
+      fields.update({f"slot_{s}": table.full_slot(s) for s in table.optimizer.slot_names})
+    arrays.update({f"{prefix}/{name}/{k}": v for k, v in fields.items()})
+  return arrays
+
+
 def main(out_dir):
   os.makedirs(out_dir, exist_ok=True)
   expected = {}
@@ -55,14 +68,7 @@ def main(out_dir):
       loss = sum(tf.reduce_sum(v * v) for v in lookup(batch).values())
     tape.gradient(loss, lookup.trainable_variables)
   tf.train.Checkpoint(lookup=lookup).write(os.path.join(out_dir, "legacy_ckpt", "ckpt"))
-  for name, value in lookup.table_values().items():
-    if isinstance(value, dict):
-      for key, array in value.items():
-        expected[f"ckpt/{name}/{key}"] = array
-    else:
-      expected[f"ckpt/{name}/table"] = value
-      for slot in lookup.tables[name].optimizer.slot_names:
-        expected[f"ckpt/{name}/slot_{slot}"] = lookup.tables[name].full_slot(slot)
+  expected.update(_table_arrays("ckpt", lookup.tables))
   # A .keras model trained with fit.
   keras.utils.set_random_seed(0)
   m = model()
@@ -71,14 +77,7 @@ def main(out_dir):
   m.fit(x, tf.ones([4, 1]), batch_size=2, epochs=1, verbose=0, shuffle=False)
   m.save(os.path.join(out_dir, "legacy_model.keras"))
   layer = m.get_layer("embedding")
-  for name, value in layer.get_embedding_tables().items():
-    if isinstance(value, dict):
-      for key, array in value.items():
-        expected[f"keras/{name}/{key}"] = array
-    else:
-      expected[f"keras/{name}/table"] = value
-      for slot in layer.tables[name].optimizer.slot_names:
-        expected[f"keras/{name}/slot_{slot}"] = layer.tables[name].full_slot(slot)
+  expected.update(_table_arrays("keras", layer.tables))
   expected["keras/prediction"] = m.predict(x, verbose=0)
   np.savez(os.path.join(out_dir, "legacy_expected.npz"), **expected)
   print("wrote", sorted(expected))

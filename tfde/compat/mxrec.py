@@ -109,7 +109,7 @@ class HashOptimizer:
         summed = tf.math.unsorted_segment_sum(grads, inverse, tf.size(unique))
         updates.append(table.table.apply_gradient(
             table.replica, unique, summed, optimizer=self.sparse_optimizer,
-            by_address=True))
+            by_address=True, finite=tf.reduce_all(tf.math.is_finite(summed))))
       if global_step is not None:
         with tf.control_dependencies(updates):
           updates.append(tf.compat.v1.assign_add(global_step, 1))

@@ -32,12 +32,26 @@ Ownership lives on the variables: each variable a table hands out
 nothing outside the table keeps it alive or looks it up.
 """
 
+import zlib
+
+import numpy as np
 import tensorflow as tf
 
 from tfde import comm as comm_lib
+from tfde.ops import checks
 from tfde import optimizers
 
 SLOT_PREFIX = "slot_"
+
+
+def state_checksum(state):
+  """CRC-32 of a state's keys and arrays (dict of numpy arrays), for files
+  that carry no checksum of their own (HDF5 weight files)."""
+  crc = 0
+  for key in sorted(state):
+    crc = zlib.crc32(key.encode(), crc)
+    crc = zlib.crc32(np.ascontiguousarray(state[key]).tobytes(), crc)
+  return crc
 
 
 def switches_optimizer(table, optimizer):
@@ -74,6 +88,7 @@ class Table(tf.Module):
     self.comm = communicator or comm_lib.current()
     self.optimizer = config.optimizer
     self.steps = {}
+    self.skips = {}
 
   @property
   def name(self):
@@ -88,9 +103,37 @@ class Table(tf.Module):
     return self.config.vocabulary_size
 
   def _new_step_variable(self, replica, suffix):
+    device = self.comm.replica_device(replica)
     self.steps[replica] = comm_lib.local_variable(
-        tf.constant(0, tf.int64), f"{self.name}/{suffix}/step",
-        device=self.comm.replica_device(replica))
+        tf.constant(0, tf.int64), f"{self.name}/{suffix}/step", device=device)
+    self.skips[replica] = comm_lib.local_variable(
+        tf.constant(0, tf.int64), f"{self.name}/{suffix}/nonfinite_skips",
+        device=device)
+
+  def guard_nonfinite(self, replica, finite, apply):
+    """Runs `apply()` (an update returning the new step) when `finite` (a
+    scalar bool, the same on every replica) holds. Otherwise, as
+    `config.nonfinite` says: an error naming the table and step before
+    anything is written, or the update skipped and counted (returning the
+    unchanged step)."""
+    if finite is None:
+      return apply()
+    if self.config.nonfinite == "skip":
+      def skip():
+        with tf.control_dependencies([self.skips[replica].assign_add(1)]):
+          return tf.identity(self.steps[replica].read_value())
+      return tf.cond(finite, apply, skip)
+    check = checks.assert_that(
+        finite, f"table {self.name}: the gradient of step ",
+        tf.convert_to_tensor(self.steps[replica]) + 1,
+        " holds NaN or Inf; the table and its slots are unchanged "
+        "(TableConfig(nonfinite='skip') skips such updates instead)")
+    with tf.control_dependencies([check]):
+      return apply()
+
+  def skipped_updates(self):
+    """Updates skipped for non-finite gradients (eager; nonfinite='skip')."""
+    return int(self.skips[min(self.skips)].numpy())
 
   # ---- ownership
 
@@ -110,12 +153,15 @@ class Table(tf.Module):
     tables that count them)."""
     raise NotImplementedError
 
-  def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None):
+  def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
+                     finite=None):
     """One optimizer step on `rows` (unique) of `replica`'s shard:
     grads[k] (or grads[grad_rows[k]]) is row k's gradient, a matrix or a
-    `tfde.ops.BagGradients`. Returns the new step as a tensor that exists
-    only once the update has run: callers make their results depend on it
-    as data, which no graph rewrite can drop."""
+    `tfde.ops.BagGradients`; `finite` (optional scalar bool) says whether
+    the step's gradients are finite (see `guard_nonfinite`). Returns the
+    new step as a tensor that exists only once the update has run: callers
+    make their results depend on it as data, which no graph rewrite can
+    drop."""
     raise NotImplementedError
 
   def gradient_variable(self, replica):

@@ -119,7 +119,7 @@ class DynamicTable(base.Table):
   lookup_shard_with_addresses = lookup_with_addresses
 
   def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
-                     by_address=False):
+                     by_address=False, finite=None):
     """`rows` are ids (or, `by_address`, row addresses); ids without a row
     are skipped. Eviction runs after the update when due."""
     optimizer = optimizer or self.optimizer
@@ -128,7 +128,8 @@ class DynamicTable(base.Table):
                        f"{self.optimizer.kind!r}, not {optimizer.kind!r}")
     store = self.stores[replica]
     dynamic = self.config.dynamic
-    with tf.device(self.comm.replica_device(replica)):
+
+    def apply():
       # After the gradients exist, hence after this step's lookups read the
       # step (a TF1 graph orders nothing else).
       with tf.control_dependencies([rows, grads]):
@@ -148,6 +149,9 @@ class DynamicTable(base.Table):
         done.append(evicted)
       with tf.control_dependencies(done):
         return step + 0 * tf.add_n(done)
+
+    with tf.device(self.comm.replica_device(replica)):
+      return self.guard_nonfinite(replica, finite, apply)
 
   apply_shard_update = apply_gradient
 

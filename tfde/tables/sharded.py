@@ -86,17 +86,22 @@ class ShardedTable(base.Table):
     del counts, training
     return ops.gather_from_tables([self.shards[replica]], requested, [0])
 
-  def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None):
+  def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
+                     finite=None):
     # The step counter advances even with no rows, so every shard agrees on
     # the step used by Adam's bias correction.
     optimizer = optimizer or self.optimizer
-    with tf.device(self.comm.replica_device(replica)):
+
+    def apply():
       step = self.steps[replica].assign_add(1)
       with tf.control_dependencies([step]):
         update = optimizer.apply(self.shards[replica], self.slots[replica],
                                  rows, grads, step, grad_rows=grad_rows)
       with tf.control_dependencies([update]):
         return tf.identity(step)
+
+    with tf.device(self.comm.replica_device(replica)):
+      return self.guard_nonfinite(replica, finite, apply)
 
   apply_shard_update = apply_gradient
 

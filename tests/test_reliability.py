@@ -1,0 +1,169 @@
+"""Defects a hostile probe found (issue 18), each kept from coming back:
+non-finite gradients never reach a table, and a bad weights file changes
+nothing."""
+
+import h5py
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfde
+from tests import sharded_harness as h
+from tests.test_sharded import distribute, make_step, mirrored
+
+
+def _poisoned_batch(num_replicas):
+  """A batch whose first replica has a NaN target for feature a_dense
+  (table A): the gradients of A's rows on every shard are non-finite."""
+  batch = h.make_batch(0, weighted=True, seed=4, num_replicas=num_replicas)
+  batch["a_dense"]["target"] = batch["a_dense"]["target"].copy()
+  batch["a_dense"]["target"][0, 0] = np.nan
+  return batch
+
+
+def _run(strategy, lookup, batch):
+  n = strategy.num_replicas_in_sync
+  per = [h.replica_inputs(batch, r, n) for r in range(n)]
+  step = make_step(strategy, lookup, weighted=True)
+  step(*[distribute(strategy, [p[i] for p in per]) for i in range(3)])
+
+
+def _state(table):
+  return {k: v.numpy() for k, v in table.state().items()}
+
+
+def _configs(nonfinite):
+  configs = h.feature_configs("adam", variant=1)
+  table = configs["a_dense"].table
+  table.nonfinite = nonfinite
+  return configs
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_nan_gradient_is_an_error_naming_the_table_and_step(n):
+  strategy = mirrored(n)
+  with strategy.scope():
+    lookup = h.sharded_lookup(_configs("error"))
+  before = _state(lookup.tables["A"])
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"table A: the gradient of step 1 holds NaN or Inf"):
+    _run(strategy, lookup, _poisoned_batch(n))
+  _assert_same({"A": before}, {"A": _state(lookup.tables["A"])})
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_nonfinite_skip_skips_and_counts_the_update_on_every_replica(n):
+  strategy = mirrored(n)
+  with strategy.scope():
+    lookup = h.sharded_lookup(_configs("skip"))
+  before = _state(lookup.tables["A"])
+  others = {name: _state(lookup.tables[name]) for name in ("B", "C")}
+  _run(strategy, lookup, _poisoned_batch(n))
+  _assert_same({"A": before}, {"A": _state(lookup.tables["A"])})
+  assert lookup.tables["A"].skipped_updates() == 1
+  # The finite tables of the same step trained.
+  for name, state in others.items():
+    assert _state(lookup.tables[name])["step"] == state["step"] + 1
+    assert not np.array_equal(_state(lookup.tables[name])["table"], state["table"])
+  # The next finite step trains A again.
+  _run(strategy, lookup, h.make_batch(1, weighted=True, seed=4, num_replicas=n))
+  assert lookup.tables["A"].step_value() == 1
+  assert not np.array_equal(lookup.tables["A"].full_table(), before["table"])
+
+
+def test_a_nan_weight_in_a_dynamic_table_changes_no_row():
+  config = tfde.TableConfig(name="users", vocabulary_size=None, embedding_dim=3,
+                            optimizer="adagrad", initializer="uniform")
+  lookup = tfde.lookup.ShardedLookup(
+      {"u": tfde.FeatureConfig(name="u", table=config)})
+  ids = tf.ragged.constant([[1, 2], [3]], tf.int64)
+  weights = tf.ragged.constant([[1.0, float("nan")], [1.0]])
+  table = lookup.tables["users"]
+  lookup({"u": ids})  # admits the ids
+  before = table.export_rows()
+
+  def step():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(lookup({"u": ids}, {"u": weights})["u"])
+    tape.gradient(loss, lookup.trainable_variables)
+
+  with pytest.raises(tf.errors.InvalidArgumentError, match="table users"):
+    step()
+  after = table.export_rows()
+  for key in ("ids", "table", "slot_accumulator", "step"):
+    np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+
+
+def test_sok_explicit_apply_refuses_nan_gradients():
+  var = tfde.compat.sok.Variable(np.ones((5, 2), np.float32))
+  table, _ = tfde.tables.owner_of(var)
+  grad = tf.IndexedSlices(tf.constant([[np.nan, 1.0]]), tf.constant([2], tf.int64),
+                          tf.constant([5, 2], tf.int64))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="holds NaN or Inf"):
+    tfde.optimizers.SGD(0.1).apply_gradients([(grad, var)])
+  np.testing.assert_array_equal(table.full_table(), np.ones((5, 2)))
+
+
+# ------------------------------------------------------- bad weight files
+
+
+def _model():
+  from tests import test_layers  # pylint: disable=g-import-not-at-top
+  return test_layers._ranking_model(  # pylint: disable=protected-access
+      user_dynamic=tfde.DynamicConfig())
+
+
+def _datasets(path):
+  found = {}
+  with h5py.File(path, "r") as f:
+    f.visititems(lambda name, obj: found.__setitem__(name.split("/")[-1], name)
+                 if isinstance(obj, h5py.Dataset) else None)
+  return found
+
+
+def _tables(model):
+  layer = model.get_layer("embedding")
+  return {name: _state(t) for name, t in layer.tables.items()}
+
+
+def _assert_same(a, b):
+  for name in a:
+    for key in a[name]:
+      np.testing.assert_array_equal(a[name][key], b[name][key], err_msg=f"{name}/{key}")
+
+
+def _trained_and_fresh(tmp_path):
+  from tests import test_layers  # pylint: disable=g-import-not-at-top
+  model = _model()
+  model.compile(optimizer="adam", loss="mse")
+  x, y = test_layers._ranking_data(64)  # pylint: disable=protected-access
+  model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+  path = str(tmp_path / "m.weights.h5")
+  model.save_weights(path)
+  return path, _model()
+
+
+def test_a_flipped_bit_in_a_weights_file_is_refused_naming_the_table(tmp_path):
+  path, fresh = _trained_and_fresh(tmp_path)
+  with h5py.File(path, "r+") as f:
+    name = _datasets(path)["movie:table"]
+    data = f[name][...]
+    data.view(np.uint32)[3, 1] ^= 1 << 7
+    f[name][...] = data
+  before = _tables(fresh)
+  with pytest.raises(ValueError, match=r"table 'movie'.*checksum"):
+    fresh.load_weights(path)
+  _assert_same(before, _tables(fresh))
+
+
+def test_a_slot_cut_short_loads_nothing(tmp_path):
+  path, fresh = _trained_and_fresh(tmp_path)
+  with h5py.File(path, "r+") as f:
+    name = _datasets(path)["user:accumulator"]
+    data = f[name][...]
+    del f[name]
+    f[name] = data[:-1]
+  before = _tables(fresh)
+  with pytest.raises(ValueError, match=r"table 'user'"):
+    fresh.load_weights(path)
+  _assert_same(before, _tables(fresh))
