@@ -111,6 +111,47 @@ def test_train_job_on_a_movielens_csv(tmp_path):
   assert metrics["task"] == "rating" and "rmse" in metrics["eval"]
 
 
+def test_padding_never_reaches_a_table_under_lazy_adam(tmp_path):
+  """Multi-hot features reach the embedding layer as ragged ids, so a row
+  is never looked up for padding: under lazy Adam, whose momentum moves
+  every row a batch looks up even with a zero gradient, a row trained
+  earlier stays put while its id is absent (the old data padded with id 0
+  and weight 0, and row 0 kept moving)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from tests.test_sharded import mirrored  # pylint: disable=g-import-not-at-top
+  from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
+
+  config = json.loads(json.dumps(SMALL))
+  config["model"].update(embedding_dim=4, bottom_mlp=[4], top_mlp=[8],
+                         table_optimizer={"kind": "adam", "learning_rate": 0.1})
+  config = cli.load_config(_write(tmp_path, config))
+  rng = np.random.default_rng(0)
+
+  def batches(lowest_id, n=256):
+    lengths = rng.integers(1, 4, n)  # 1 to 3 ids a sample: padded to 3
+    features = {"a": (rng.integers(0, 10, n), np.ones(n, np.int64)),
+                "b": (rng.integers(lowest_id, 20, lengths.sum()), lengths)}
+    labels = (rng.uniform(size=n) < 0.5).astype(np.float32)
+    dataset = data_lib.Dataset(features, labels, "ctr", {"a": 10, "b": 20})
+    return dataset, data_lib.to_tf_dataset(dataset, 64)
+
+  with_zero, tf_with_zero = batches(lowest_id=0)
+  without_zero, tf_without_zero = batches(lowest_id=1)
+  assert 0 in with_zero.features["b"][0] and 0 not in without_zero.features["b"][0]
+  with mirrored(2).scope():
+    model = cli.build_model(config, with_zero.vocabulary, "ctr", dense_features=False)
+  layer = model.embedding
+  assert layer.tables["b"].optimizer.kind == "adam"
+  start = layer.get_embedding_tables()["b"]
+  model.fit(tf_with_zero, epochs=1, verbose=0)    # row 0 trained: momentum
+  trained = layer.get_embedding_tables()["b"]
+  assert not np.array_equal(trained[0], start[0])
+  model.fit(tf_without_zero, epochs=1, verbose=0)  # id 0 absent (padding only)
+  after = layer.get_embedding_tables()["b"]
+  np.testing.assert_array_equal(after[0], trained[0])
+  assert not np.array_equal(after[1], trained[1])
+
+
 @pytest.mark.parametrize("use_movielens", [False, True])
 def test_movielens_example_runs(use_movielens):
   args = ["examples/movielens_ranking.py", "--epochs", "4"]

@@ -189,6 +189,7 @@ def build_model(config, vocabulary, task, dense_features):
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tfde  # pylint: disable=g-import-not-at-top
+  from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
 
   m = config.model
   table_optimizer = tfde.optimizers.get(m.table_optimizer.kind)
@@ -215,8 +216,8 @@ def build_model(config, vocabulary, task, dense_features):
           [keras.layers.Dense(1, activation="sigmoid" if task == "ctr" else None)])
 
     def call(self, x):
-      weights = {k: x[f"{k}/weights"] for k in features if f"{k}/weights" in x}
-      emb = self.embedding({k: x[k] for k in features}, weights=weights or None)
+      # Multi-hot features as ragged ids: their padding never reaches a table.
+      emb = self.embedding(data_lib.embedding_inputs(x, features))
       vectors = [emb[k] for k in sorted(features)]
       if self.bottom is not None:
         vectors.append(self.bottom(x["dense"]))
