@@ -1,5 +1,5 @@
 """The main job (`tfde train`) and the MovieLens example, run as a user
-would: in subprocesses, on small configs."""
+would: in subprocesses, on small configs. (Its config: test_app_config.)"""
 
 import json
 import os
@@ -41,43 +41,16 @@ def _run(args, timeout=300):
                         env=env, cwd=REPO, timeout=timeout)
 
 
-@pytest.mark.parametrize("mutate,pattern", [
-    (lambda c: c["model"].update(embeding_dim=8), "unknown key 'model.embeding_dim'"),
-    (lambda c: c.update(replica=2), "unknown key 'replica'"),
-    (lambda c: c["data"]["sparse_features"][1].update(vocabulary_size=-3),
-     r"data.sparse_features\[1\]: 'vocabulary_size' must be a positive int"),
-    (lambda c: c.pop("data"), "missing key 'data'"),
-    (lambda c: c["training"].update(batch_size=0), "'training.batch_size' must be a positive"),
-    (lambda c: c["data"].update(kind="csv"), "'data.kind' must be synthetic or movielens"),
-    (lambda c: c["model"].update(bottom_mlp=[16, 4]), "must end in embedding_dim"),
-])
-def test_bad_configs_name_the_key(tmp_path, mutate, pattern):
-  config = json.loads(json.dumps(SMALL))
-  mutate(config)
-  with pytest.raises(cli.ConfigError, match=pattern):
-    cli.load_config(_write(tmp_path, config))
-
-
-def test_bad_config_exits_with_a_message(tmp_path):
-  config = json.loads(json.dumps(SMALL))
-  config["training"]["epoch"] = 3
-  result = _run(["-m", "tfde.app.cli", "train", "--config", _write(tmp_path, config)])
-  assert result.returncode == 2
-  assert "unknown key 'training.epoch'" in result.stderr
-
-
-def test_demo_config_is_valid():
-  config = cli.load_config(os.path.join(REPO, "configs", "demo.yaml"))
-  assert config.replicas == 2 and len(config.data.sparse_features) == 8
-
-
 def test_train_job_learns_and_writes_report(tmp_path):
   report = tmp_path / "report"
-  result = _run(["-m", "tfde.app.cli", "train", "--config",
-                 _write(tmp_path, SMALL), "--report-dir", str(report)])
+  config_file = _write(tmp_path, SMALL)
+  result = _run(["-m", "tfde.app.cli", "train", "--config", config_file,
+                 "--report-dir", str(report)])
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Epoch 3/3" in result.stdout  # the Keras progress display
   metrics = json.loads((report / "metrics.json").read_text())
+  # The report holds the config it ran, which rebuilds it.
+  assert cli.JobConfig.from_config(metrics["config"]) == cli.load_config(config_file)
   assert metrics["replicas"] == 2
   assert metrics["steps"] == 3 * (30000 // 512)
   # Learning is real: well above chance, and below the hidden model's AUC.

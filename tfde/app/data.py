@@ -105,22 +105,45 @@ def synthetic(spec, seed=0):
   return Dataset(features, labels, "ctr", vocabulary, oracle_scores=probability)
 
 
+class DataError(ValueError):
+  """A data file that cannot be used; the message is one line naming the
+  file (and line)."""
+
+
 def movielens(path, max_samples=None):
   """MovieLens ratings (`userId,movieId,rating,timestamp` CSV) as a rating
-  task with one-hot user and movie features, shuffled deterministically."""
+  task with one-hot user and movie features, shuffled deterministically.
+  Raises DataError naming the file and line of a bad row."""
   users, movies, ratings = [], [], []
-  with open(path, newline="") as f:
-    reader = csv.DictReader(f)
-    missing = {"userId", "movieId", "rating"} - set(reader.fieldnames or [])
-    if missing:
-      raise ValueError(f"{path}: missing columns {sorted(missing)}; expected "
-                       "userId,movieId,rating,timestamp")
-    for row in reader:
-      users.append(int(row["userId"]))
-      movies.append(int(row["movieId"]))
-      ratings.append(float(row["rating"]))
+  try:
+    with open(path, newline="", encoding="utf-8") as f:
+      reader = csv.DictReader(f)
+      missing = {"userId", "movieId", "rating"} - set(reader.fieldnames or [])
+      if missing:
+        raise DataError(f"{path}: missing columns {sorted(missing)}; expected "
+                        "userId,movieId,rating,timestamp")
+      for row in reader:
+        try:
+          user, movie = int(row["userId"]), int(row["movieId"])
+          rating = float(row["rating"])
+        except (TypeError, ValueError):
+          user = movie = rating = None
+        if user is None or user < 0 or movie < 0 or not np.isfinite(rating):
+          raise DataError(f"{path}:{reader.line_num}: expected non-negative "
+                          f"integer userId and movieId and a finite rating, got "
+                          f"{[row.get(k) for k in ('userId', 'movieId', 'rating')]}")
+        users.append(user)
+        movies.append(movie)
+        ratings.append(rating)
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: not a UTF-8 text (CSV) file: {e.reason} at byte "
+                    f"{e.start}") from None
+  except csv.Error as e:
+    raise DataError(f"{path}: not a CSV file: {e}") from None
+  except OSError as e:
+    raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
   if not ratings:
-    raise ValueError(f"{path}: no ratings")
+    raise DataError(f"{path}: no ratings")
   order = np.random.default_rng(0).permutation(len(ratings))
   if max_samples:
     order = order[:max_samples]
