@@ -11,175 +11,26 @@ per step, samples per second, rows held and lookups served per shard).
 
 The default data is generated (Criteo-like, with a hidden true model);
 `--data PATH` (or data.kind: movielens) trains on a MovieLens ratings CSV.
+
+Before any work the whole config is checked against its schema
+(`tfde.app.config`: types, ranges and the rules between keys), the data
+file is opened and the report folder written to; any problem ends the
+command with one line on stderr naming the file and the key (or the file,
+line and column of a YAML error) and exit code 2:
+
+    tfde: error: configs/x.yaml: model.bottom_mlp: must be a list of positive ints, got 8
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
-import typing
-from typing import List, Optional
 
-import yaml
-
-# ---------------------------------------------------------------- config
-
-
-class ConfigError(ValueError):
-  """A bad job config; the message names the offending key."""
-
-
-def _build(cls, raw, where):
-  """A config dataclass from a dict, rejecting unknown and missing keys."""
-  if not isinstance(raw, dict):
-    raise ConfigError(f"{where or 'config'}: expected a mapping, got {raw!r}")
-  fields = {f.name: f for f in dataclasses.fields(cls)}
-  unknown = sorted(set(raw) - set(fields))
-  if unknown:
-    prefix = f"{where}." if where else ""
-    raise ConfigError(f"unknown key '{prefix}{unknown[0]}' (known keys: "
-                      f"{', '.join(sorted(fields))})")
-  kwargs = {}
-  hints = typing.get_type_hints(cls)
-  for name, field in fields.items():
-    key = f"{where}.{name}" if where else name
-    if name not in raw:
-      if (field.default is dataclasses.MISSING and
-          field.default_factory is dataclasses.MISSING):
-        raise ConfigError(f"missing key '{key}'")
-      continue
-    value = raw[name]
-    hint = hints[name]
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if dataclasses.is_dataclass(hint):
-      value = _build(hint, value, key)
-    elif origin in (list, List) and args and dataclasses.is_dataclass(args[0]):
-      if not isinstance(value, list):
-        raise ConfigError(f"'{key}' must be a list")
-      value = [_build(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
-    kwargs[name] = value
-  try:
-    return cls(**kwargs)
-  except ConfigError as e:
-    raise ConfigError(f"{where + ': ' if where else ''}{e}") from None
-
-
-def _positive(where, name, value, allow_zero=False):
-  ok = isinstance(value, int) and not isinstance(value, bool) and (
-      value >= 0 if allow_zero else value > 0)
-  if not ok:
-    raise ConfigError(f"'{where}{name}' must be a {'non-negative' if allow_zero else 'positive'} "
-                      f"int, got {value!r}")
-
-
-@dataclasses.dataclass
-class SparseFeatureConfig:
-  """A categorical feature: name, vocabulary size, max ids per sample."""
-  name: str
-  vocabulary_size: int
-  hotness: int = 1
-
-  def __post_init__(self):
-    _positive("", "vocabulary_size", self.vocabulary_size)
-    _positive("", "hotness", self.hotness)
-
-
-@dataclasses.dataclass
-class DataConfig:
-  """kind: synthetic (generated) or movielens (a ratings CSV at path)."""
-  kind: str = "synthetic"
-  path: Optional[str] = None
-  train_samples: int = 100000
-  eval_samples: int = 20000
-  dense_features: int = 13
-  zipf_alpha: float = 1.1
-  sparse_features: List[SparseFeatureConfig] = dataclasses.field(default_factory=list)
-
-  def __post_init__(self):
-    if self.kind not in ("synthetic", "movielens"):
-      raise ConfigError(f"'data.kind' must be synthetic or movielens, got {self.kind!r}")
-    if self.kind == "movielens" and not self.path:
-      raise ConfigError("'data.path' is required when data.kind is movielens")
-    _positive("data.", "train_samples", self.train_samples)
-    _positive("data.", "eval_samples", self.eval_samples)
-    _positive("data.", "dense_features", self.dense_features, allow_zero=True)
-    if not (isinstance(self.zipf_alpha, (int, float)) and self.zipf_alpha > 1):
-      raise ConfigError(f"'data.zipf_alpha' must be > 1, got {self.zipf_alpha!r}")
-    if self.kind == "synthetic" and not self.sparse_features:
-      raise ConfigError("'data.sparse_features' must list at least one feature")
-
-
-@dataclasses.dataclass
-class OptimizerConfig:
-  kind: str
-  learning_rate: float
-
-  def __post_init__(self):
-    if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
-      raise ConfigError(f"learning_rate must be positive, got {self.learning_rate!r}")
-
-
-@dataclasses.dataclass
-class ModelConfig:
-  embedding_dim: int = 16
-  combiner: str = "mean"
-  bottom_mlp: List[int] = dataclasses.field(default_factory=lambda: [64, 16])
-  top_mlp: List[int] = dataclasses.field(default_factory=lambda: [128, 64])
-  table_optimizer: OptimizerConfig = dataclasses.field(
-      default_factory=lambda: OptimizerConfig("adagrad", 0.05))
-  dense_optimizer: OptimizerConfig = dataclasses.field(
-      default_factory=lambda: OptimizerConfig("adam", 0.001))
-
-  def __post_init__(self):
-    _positive("model.", "embedding_dim", self.embedding_dim)
-    for name in ("bottom_mlp", "top_mlp"):
-      for units in getattr(self, name):
-        _positive("model.", name, units)
-    if self.bottom_mlp and self.bottom_mlp[-1] != self.embedding_dim:
-      raise ConfigError(f"'model.bottom_mlp' must end in embedding_dim "
-                        f"({self.embedding_dim}) for the dot interaction, got "
-                        f"{self.bottom_mlp}")
-
-
-@dataclasses.dataclass
-class TrainingConfig:
-  batch_size: int = 1024
-  epochs: int = 1
-
-  def __post_init__(self):
-    _positive("training.", "batch_size", self.batch_size)
-    _positive("training.", "epochs", self.epochs)
-
-
-@dataclasses.dataclass
-class JobConfig:
-  """A training job. Every field is checked; unknown keys are errors."""
-  name: str
-  data: DataConfig
-  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-  training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
-  replicas: int = 1
-  seed: int = 0
-  report_dir: str = "reports/job"
-
-  def __post_init__(self):
-    _positive("", "replicas", self.replicas)
-
-
-def load_config(path):
-  try:
-    with open(path) as f:
-      raw = yaml.safe_load(f)
-  except OSError as e:
-    raise ConfigError(f"cannot read {path}: {e}") from e
-  try:
-    return _build(JobConfig, raw or {}, "")
-  except ConfigError as e:
-    raise ConfigError(f"{path}: {e}") from None
-
+from tfde.app.config import (  # noqa: F401 (the schema, re-exported)
+    ConfigError, DataConfig, DenseOptimizerConfig, JobConfig, ModelConfig,
+    SparseFeatureConfig, TableOptimizerConfig, TrainingConfig, load_config)
 
 # ----------------------------------------------------------------- model
 
@@ -189,16 +40,16 @@ def build_model(config, vocabulary, task, dense_features):
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tfde  # pylint: disable=g-import-not-at-top
+  from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
 
   m = config.model
-  table_optimizer = tfde.optimizers.get(m.table_optimizer.kind)
-  table_optimizer = type(table_optimizer)(learning_rate=m.table_optimizer.learning_rate)
   features = {
       name: tfde.layers.FeatureConfig(
           name=name, table=tfde.layers.TableConfig(
               name=name, vocabulary_size=vocab, embedding_dim=m.embedding_dim,
-              optimizer=table_optimizer, combiner=m.combiner,
-              seed=config.seed + i))
+              optimizer=tfde.optimizers.SparseOptimizer.from_config(
+                  m.table_optimizer.get_config()),
+              combiner=m.combiner, seed=config.seed + i))
       for i, (name, vocab) in enumerate(sorted(vocabulary.items()))}
 
   class RankingModel(keras.Model):
@@ -215,8 +66,8 @@ def build_model(config, vocabulary, task, dense_features):
           [keras.layers.Dense(1, activation="sigmoid" if task == "ctr" else None)])
 
     def call(self, x):
-      weights = {k: x[f"{k}/weights"] for k in features if f"{k}/weights" in x}
-      emb = self.embedding({k: x[k] for k in features}, weights=weights or None)
+      # Multi-hot features as ragged ids: their padding never reaches a table.
+      emb = self.embedding(data_lib.embedding_inputs(x, features))
       vectors = [emb[k] for k in sorted(features)]
       if self.bottom is not None:
         vectors.append(self.bottom(x["dense"]))
@@ -230,10 +81,7 @@ def build_model(config, vocabulary, task, dense_features):
 
   model = RankingModel()
   dense_cls = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD,
-               "adagrad": keras.optimizers.Adagrad}
-  if m.dense_optimizer.kind not in dense_cls:
-    raise ConfigError(f"'model.dense_optimizer.kind' must be one of "
-                      f"{sorted(dense_cls)}, got {m.dense_optimizer.kind!r}")
+               "adagrad": keras.optimizers.Adagrad}  # config.DENSE_OPTIMIZERS
   if task == "ctr":
     loss, metrics = "binary_crossentropy", [keras.metrics.AUC(name="auc")]
   else:
@@ -259,8 +107,46 @@ def _strategy(replicas):
   return tf.distribute.MirroredStrategy(devices)
 
 
-def run_job(config, data_path=None, report_dir=None, verbose=1):
-  """Trains, evaluates and reports; returns the metrics dict."""
+def check_paths(config, config_file, data_path=None, report_dir=None):
+  """Before any work: the data file can be read and the report folder
+  written (it is created). Raises ConfigError naming the option or key."""
+  if data_path is not None:
+    _check_readable(data_path, "--data", None)
+  elif config.data.kind == "movielens":
+    _check_readable(config.data.path, "data.path", config_file)
+  if report_dir is not None:
+    _check_writable(report_dir, "--report-dir", None)
+  else:
+    _check_writable(config.report_dir, "report_dir", config_file)
+
+
+def _check_readable(path, key, config_file):
+  try:
+    with open(path, "rb"):
+      pass
+  except OSError as e:
+    raise ConfigError(key, f"cannot read {path!r}: {e.strerror or e}",
+                      file=config_file) from None
+
+
+def _check_writable(path, key, config_file):
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ConfigError(key, f"{path!r} is a file, not a folder", file=config_file)
+  try:
+    os.makedirs(path, exist_ok=True)
+    with tempfile.TemporaryFile(dir=path):
+      pass
+  except OSError as e:
+    raise ConfigError(key, f"cannot write to {path!r}: {e.strerror or e}",
+                      file=config_file) from None
+
+
+def run_job(config, data_path=None, report_dir=None, verbose=1, config_file=None):
+  """Trains, evaluates and reports; returns the metrics dict.
+
+  Raises ConfigError (naming `config_file`) if the data read turns out too
+  small for the config, and data.DataError for a bad ratings file, both
+  before training."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   strategy = _strategy(config.replicas)  # before TensorFlow starts its runtime
   import keras  # pylint: disable=g-import-not-at-top
@@ -270,10 +156,14 @@ def run_job(config, data_path=None, report_dir=None, verbose=1):
   report_dir = report_dir or config.report_dir
   keras.utils.set_random_seed(config.seed)
   d = config.data
+  batch = config.training.batch_size
   if data_path or d.kind == "movielens":
-    full = data_lib.movielens(data_path or d.path,
-                              max_samples=d.train_samples + d.eval_samples)
-    source = f"MovieLens ratings from {data_path or d.path}"
+    path = data_path or d.path
+    full = data_lib.movielens(path, max_samples=d.train_samples + d.eval_samples)
+    source = f"MovieLens ratings from {path}"
+    if full.size <= d.eval_samples:
+      raise ConfigError("data.eval_samples", f"must be less than the {full.size} "
+                        f"ratings in {path}, got {d.eval_samples}", file=config_file)
   else:
     spec = data_lib.SyntheticSpec(
         sparse=[data_lib.SparseFeature(f.name, f.vocabulary_size, f.hotness)
@@ -284,8 +174,11 @@ def run_job(config, data_path=None, report_dir=None, verbose=1):
     source = (f"generated Criteo-like data ({len(d.sparse_features)} sparse, "
               f"{d.dense_features} dense features, Zipf({d.zipf_alpha}))")
   train, evaluation = full.split(1.0 - d.eval_samples / full.size)
+  if min(train.size, evaluation.size) < batch:
+    raise ConfigError("training.batch_size", f"must be at most the {train.size} "
+                      f"train and {evaluation.size} eval samples of {source}, "
+                      f"got {batch}", file=config_file)
   dense = "dense" in full.features
-  batch = config.training.batch_size
   print(f"tfde train: {config.name}: {source}; {train.size} train / "
         f"{evaluation.size} eval samples; {strategy.num_replicas_in_sync} replicas "
         f"({', '.join(strategy.extended.worker_devices)})", flush=True)
@@ -300,7 +193,8 @@ def run_job(config, data_path=None, report_dir=None, verbose=1):
   results = model.evaluate(eval_ds, verbose=0, return_dict=True)
   scores = model.predict(eval_ds, verbose=0).ravel()
   labels = evaluation.labels[:len(scores)]
-  metrics = {"name": config.name, "task": full.task, "data": source,
+  metrics = {"name": config.name, "config": config.get_config(),
+             "task": full.task, "data": source,
              "replicas": strategy.num_replicas_in_sync,
              "tensorflow": tf.__version__, "train_samples": train.size,
              "eval_samples": len(scores),
@@ -453,13 +347,17 @@ def main(argv=None):
                      "generated data")
   train.add_argument("--report-dir", help="where to write the report")
   args = parser.parse_args(argv)
+  from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
   try:
+    # The whole config, the data file and the report folder, before any work.
     config = load_config(args.config)
-  except ConfigError as e:
+    check_paths(config, args.config, args.data, args.report_dir)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    run_job(config, data_path=args.data, report_dir=args.report_dir,
+            config_file=args.config)
+  except (ConfigError, data_lib.DataError) as e:
     print(f"tfde: error: {e}", file=sys.stderr)
     return 2
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  run_job(config, data_path=args.data, report_dir=args.report_dir)
   return 0
 
 

@@ -105,22 +105,45 @@ def synthetic(spec, seed=0):
   return Dataset(features, labels, "ctr", vocabulary, oracle_scores=probability)
 
 
+class DataError(ValueError):
+  """A data file that cannot be used; the message is one line naming the
+  file (and line)."""
+
+
 def movielens(path, max_samples=None):
   """MovieLens ratings (`userId,movieId,rating,timestamp` CSV) as a rating
-  task with one-hot user and movie features, shuffled deterministically."""
+  task with one-hot user and movie features, shuffled deterministically.
+  Raises DataError naming the file and line of a bad row."""
   users, movies, ratings = [], [], []
-  with open(path, newline="") as f:
-    reader = csv.DictReader(f)
-    missing = {"userId", "movieId", "rating"} - set(reader.fieldnames or [])
-    if missing:
-      raise ValueError(f"{path}: missing columns {sorted(missing)}; expected "
-                       "userId,movieId,rating,timestamp")
-    for row in reader:
-      users.append(int(row["userId"]))
-      movies.append(int(row["movieId"]))
-      ratings.append(float(row["rating"]))
+  try:
+    with open(path, newline="", encoding="utf-8") as f:
+      reader = csv.DictReader(f)
+      missing = {"userId", "movieId", "rating"} - set(reader.fieldnames or [])
+      if missing:
+        raise DataError(f"{path}: missing columns {sorted(missing)}; expected "
+                        "userId,movieId,rating,timestamp")
+      for row in reader:
+        try:
+          user, movie = int(row["userId"]), int(row["movieId"])
+          rating = float(row["rating"])
+        except (TypeError, ValueError):
+          user = movie = rating = None
+        if user is None or user < 0 or movie < 0 or not np.isfinite(rating):
+          raise DataError(f"{path}:{reader.line_num}: expected non-negative "
+                          f"integer userId and movieId and a finite rating, got "
+                          f"{[row.get(k) for k in ('userId', 'movieId', 'rating')]}")
+        users.append(user)
+        movies.append(movie)
+        ratings.append(rating)
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: not a UTF-8 text (CSV) file: {e.reason} at byte "
+                    f"{e.start}") from None
+  except csv.Error as e:
+    raise DataError(f"{path}: not a CSV file: {e}") from None
+  except OSError as e:
+    raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
   if not ratings:
-    raise ValueError(f"{path}: no ratings")
+    raise DataError(f"{path}: no ratings")
   order = np.random.default_rng(0).permutation(len(ratings))
   if max_samples:
     order = order[:max_samples]
@@ -132,14 +155,29 @@ def movielens(path, max_samples=None):
                  {"user_id": int(users.max()) + 1, "movie_id": int(movies.max()) + 1})
 
 
-def to_tf_dataset(dataset, batch_size, shuffle_seed=None):
-  """A tf.data.Dataset of (features, labels).
+# Fills the unused tail of a multi-hot feature's id block. Never a valid id:
+# `embedding_inputs` drops it before any lookup, and were it ever looked up,
+# the layer's id range check would fail the step instead of training a row.
+PAD_ID = -1
 
-  Single-id features are [batch] ids. Multi-hot features are padded to
-  [batch, max_hotness] with id 0 and come with "<name>/weights": 1 for a
-  real id, 0 for padding, which sum, mean and sqrtn all ignore exactly.
-  (Dense padding rather than ragged tensors: Keras's distributed datasets
-  do not carry ragged values.)
+
+def to_tf_dataset(dataset, batch_size, shuffle_seed=None):
+  """A tf.data.Dataset of (features, labels), batches of `batch_size`.
+
+  Single-id features are [batch] ids. A multi-hot feature `name` travels as
+  two dense tensors: "name", [batch, max_hotness] ids with each sample's
+  ids first and the rest PAD_ID, and "name/lengths", [batch], each sample's
+  count of ids. The model calls `embedding_inputs` to turn the pair into
+  the [batch, (hotness)] RaggedTensor the embedding layer looks up, so the
+  padding never reaches a table: no row is looked up, trained or given
+  optimizer state for it (a lazy optimizer such as Adam moves every row a
+  batch looks up, even with a zero gradient, so padding with a real id and
+  weight 0 is not neutral).
+
+  The batches hold dense tensors only because Keras 3's `fit` under a
+  distribution strategy first averages a batch across replicas for its
+  symbolic build (`strategy.reduce("MEAN")`), which fails on ragged and
+  sparse tensors.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tensors = {}
@@ -149,20 +187,35 @@ def to_tf_dataset(dataset, batch_size, shuffle_seed=None):
       continue
     values, lengths = value
     width = int(lengths.max()) if len(lengths) else 1
-    if width == 1:
+    if width == 1 and (not len(lengths) or int(lengths.min()) == 1):
       tensors[name] = values
       continue
-    ids = np.zeros((len(lengths), width), np.int64)
-    weights = np.zeros((len(lengths), width), np.float32)
-    mask = np.arange(width)[None, :] < lengths[:, None]
-    ids[mask] = values
-    weights[mask] = 1.0
+    ids = np.full((len(lengths), width), PAD_ID, np.int64)
+    ids[np.arange(width)[None, :] < lengths[:, None]] = values
     tensors[name] = ids
-    tensors[f"{name}/weights"] = weights
+    tensors[f"{name}/lengths"] = lengths.astype(np.int64)
   ds = tf.data.Dataset.from_tensor_slices((tensors, dataset.labels))
   if shuffle_seed is not None:
     ds = ds.shuffle(min(dataset.size, 100_000), seed=shuffle_seed)
   return ds.batch(batch_size, drop_remainder=True).prefetch(2)
+
+
+def embedding_inputs(batch, names):
+  """{name: ids} for the embedding layer from a `to_tf_dataset` batch:
+  single-id features as they are, multi-hot ones as RaggedTensors holding
+  only each sample's real ids (the padding is dropped here)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  out = {}
+  for name in names:
+    lengths = batch.get(f"{name}/lengths")
+    if lengths is None:
+      out[name] = batch[name]
+    else:
+      # (Cast: Keras's symbolic build traces the model on a batch averaged
+      # across replicas, in floats; real batches are int64 already.)
+      out[name] = tf.RaggedTensor.from_tensor(
+          tf.cast(batch[name], tf.int64), lengths=tf.cast(lengths, tf.int64))
+  return out
 
 
 def auc(labels, scores):
