@@ -51,6 +51,9 @@ def main():
     if index < start:
       continue
     w.die_if_asked(args, index, rank)
+    if index == args.out_of_step_at and rank == 1:
+      for table in lookup.tables.values():
+        table.steps[rank].assign_add(1)
     outputs = w.run_step(step, strategy, args.mode,
                          lambda r, batch=batch: h.replica_inputs(batch, r, num_replicas),
                          rank, num_replicas)

@@ -219,6 +219,21 @@ def test_keras_fit_under_multi_worker_mirrored(tmp_path):
 
 
 @pytest.mark.timeout(2 * TIMEOUT_S)
+def test_workers_out_of_step_fail_naming_both_steps(tmp_path):
+  """A worker one step ahead of its peer (as one that went on after a
+  failed step) makes both workers fail at their next exchange, naming both
+  steps, instead of pairing different steps silently."""
+  path, _ = _write_batches(str(tmp_path), "sgd")
+  commands, envs = _mwms_commands(tmp_path, "sgd", path, ["--out-of-step-at", "2"])
+  procs, outputs = _run_group(commands, envs, REPO)
+  assert "TIMEOUT" not in outputs, outputs
+  for p, out in zip(procs, outputs):
+    assert p.returncode != 0, out[-3000:]
+  joined = "\n".join(outputs)
+  assert "out of step" in joined and "is at step 3" in joined and "is at step 2" in joined, \
+      joined[-4000:]
+
+
 def test_killed_multi_worker_run_resumes_to_the_uninterrupted_result(tmp_path):
   """2 workers save a checkpoint after every step and die before step 4 of
   6; restarted, they restore the latest checkpoint and finish. The tables

@@ -104,6 +104,18 @@ def test_sok_explicit_apply_refuses_nan_gradients():
   np.testing.assert_array_equal(table.full_table(), np.ones((5, 2)))
 
 
+def test_replicas_out_of_step_are_an_error_naming_both_steps():
+  strategy = mirrored(2)
+  with strategy.scope():
+    lookup = h.sharded_lookup(_configs("error"))
+  group_table = sorted(n for n in lookup.tables if lookup.tables[n].embedding_dim == 4)[0]
+  lookup.tables[group_table].steps[1].assign(5)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"replica 1 is at step 5 but replica 0 is at step 0: "
+                           r"the workers are out of step"):
+    _run(strategy, lookup, h.make_batch(0, weighted=True, seed=4, num_replicas=2))
+
+
 # ------------------------------------------------------- bad weight files
 
 

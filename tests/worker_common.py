@@ -25,6 +25,9 @@ def parser(description):
                  help="exit abruptly before this (0-based) step")
   p.add_argument("--resume", action="store_true",
                  help="restore the latest checkpoint and go on from it")
+  p.add_argument("--out-of-step-at", type=int, default=-1,
+                 help="before this (0-based) step, worker 1 counts one step "
+                      "more, as a worker that went on after a failed step")
   return p
 
 

@@ -15,7 +15,10 @@ runs under:
 
 An exchange is planned once from the send counts (`plan`); the plan gives
 each replica its receive counts and can be reversed, so the rows that
-answer a request travel back without another count exchange.
+answer a request travel back without another count exchange. A plan may
+carry a step stamp: every replica's step travels with its counts, and
+replicas at different steps fail with an error naming both, instead of
+pairing one worker's step with another's next one.
 
 Each communicator counts the bytes its process sends to other replicas
 (`bytes_sent()`), readable after a step.
@@ -31,6 +34,8 @@ import tensorflow as tf
 from tensorflow.python.distribute import values as distribute_values
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import resource_variable_ops
+
+from tfde.ops import checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,13 +114,38 @@ class Communicator(abc.ABC):
     del replica
     return None
 
+  def plan(self, send_counts, stamp=None):
+    """The exchange of `send_counts[j]` rows to each replica j. `stamp`: the
+    step this exchange belongs to (a scalar), checked against every
+    replica's."""
+    payload = tf.cast(send_counts, tf.int32)
+    if stamp is not None:
+      # Counts and stamps travel as the two columns of one tensor.
+      stamps = tf.fill(tf.shape(payload), tf.cast(stamp % 2**31, tf.int32))
+      payload = tf.stack([payload, stamps], 1)
+    received, max_chunk = self._exchange_counts(payload)
+    if stamp is None:
+      return ExchangePlan(send_counts, received, max_chunk)
+    recv_counts, recv_stamps = received[:, 0], received[:, 1]
+    own = tf.cast(stamp % 2**31, tf.int32)
+    other = checks.first_index_where(tf.not_equal(recv_stamps, own))
+    check = checks.assert_that(
+        tf.equal(tf.size(other), 0), "replica ", other, " is at step ",
+        tf.gather(recv_stamps, other), " but replica ", str(self.replica_id()),
+        " is at step ", own, ": the workers are out of step (did one go on "
+        "after a failed step?)")
+    with tf.control_dependencies([check]):
+      return ExchangePlan(send_counts, tf.identity(recv_counts), max_chunk)
+
+  @abc.abstractmethod
+  def _exchange_counts(self, payload):
+    """(payload[j] of every replica, stacked: what replica i sent here is
+    row i; the largest count anywhere or None). `payload` is [N] or [N, 2]
+    int32, row j destined to replica j."""
+
   @abc.abstractmethod
   def replica_id(self):
     """This replica's id (a Python int), called in replica context."""
-
-  @abc.abstractmethod
-  def plan(self, send_counts):
-    """Exchanges counts: returns this replica's ExchangePlan."""
 
   @abc.abstractmethod
   def all_to_all(self, data, plan):
@@ -192,8 +222,8 @@ class LocalCommunicator(Communicator):
   def replica_id(self):
     return 0
 
-  def plan(self, send_counts):
-    return ExchangePlan(send_counts, send_counts)
+  def _exchange_counts(self, payload):
+    return payload, None
 
   def all_to_all(self, data, plan):
     return data
@@ -234,19 +264,18 @@ class MirroredCommunicator(Communicator):
   def _merge(self, fn, *args):
     return tf.distribute.get_replica_context().merge_call(fn, args=args)
 
-  def plan(self, send_counts):
+  def _exchange_counts(self, payload):
     n = self.num_replicas
 
-    def exchange_counts(strategy, counts):
-      matrix = tf.stack(strategy.experimental_local_results(counts))
+    def exchange_counts(strategy, payload):
+      matrix = tf.stack(strategy.experimental_local_results(payload))
       received = []
       for j in range(n):
         with tf.device(self._devices[j]):
           received.append(tf.identity(matrix[:, j]))
       return distribute_values.PerReplica(received)
 
-    recv_counts = self._merge(exchange_counts, send_counts)
-    return ExchangePlan(send_counts, recv_counts)
+    return self._merge(exchange_counts, payload), None
 
   def all_to_all(self, data, plan):
     n = self.num_replicas
@@ -315,12 +344,13 @@ class MultiWorkerCommunicator(Communicator):
     site = self._call_sites.next() * self._BUCKETS_PER_CALL_SITE
     return self._INSTANCE_KEY_BASE + site + bucket
 
-  def plan(self, send_counts):
+  def _exchange_counts(self, payload):
     matrix = collective_ops.all_gather_v2(
-        tf.cast(send_counts, tf.int32)[None, :], group_size=self.num_replicas,
+        payload[None], group_size=self.num_replicas,
         group_key=self._GROUP_KEY, instance_key=self._instance_key())
-    me = self.replica_id()
-    return ExchangePlan(send_counts, matrix[:, me], tf.reduce_max(matrix))
+    received = matrix[:, self.replica_id()]
+    counts = matrix if payload.shape.rank == 1 else matrix[..., 0]
+    return received, tf.reduce_max(counts)
 
   @staticmethod
   def _padded_chunk(max_chunk):
@@ -381,14 +411,13 @@ class HorovodCommunicator(Communicator):
     # Horovod matches collectives across ranks by name.
     return f"tfde_all_to_all_{self._call_sites.next()}"
 
-  def plan(self, send_counts):
+  def _exchange_counts(self, payload):
     ones = tf.ones([self.num_replicas], tf.int32)
-    recv_counts = self._hvd.alltoall(tf.cast(send_counts, tf.int32),
-                                     splits=ones, name=self._name(),
-                                     ignore_name_scope=True)
-    if isinstance(recv_counts, tuple):  # newer Horovod returns the splits too
-      recv_counts = recv_counts[0]
-    return ExchangePlan(send_counts, recv_counts)
+    received = self._hvd.alltoall(payload, splits=ones, name=self._name(),
+                                  ignore_name_scope=True)
+    if isinstance(received, tuple):  # newer Horovod returns the splits too
+      received = received[0]
+    return received, None
 
   def all_to_all(self, data, plan):
     counted = self._count_bytes(data, plan.send_counts, self._rank)

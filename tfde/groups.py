@@ -53,6 +53,11 @@ class TableGroup:
     self.routes_ids = tables[0].routes_ids
     self.num_shards = 1 if self.replicated else num_replicas
 
+  def step(self, replica):
+    """The optimizer steps applied so far, the same on every replica (the
+    stamp of this group's exchanges)."""
+    return self.tables[0].steps[replica].read_value()
+
   def fused_ids(self, features):
     """One id vector for all `features` (FlatFeatures of member tables)."""
     raise NotImplementedError

@@ -235,7 +235,7 @@ class ShardedLookup(tf.Module):
     routed = routing.route_to_owners(
         comm, unique, inverse, group.num_shards,
         counts=tf.cast(counts, tf.int64) if group.routes_ids else None,
-        dynamic=group.routes_ids)
+        dynamic=group.routes_ids, stamp=group.step(comm.replica_id()))
     return GroupStep(
         group=group, features=features, combiners=combiners,
         replica=comm.replica_id(), routed=routed,

@@ -35,16 +35,19 @@ class Routed:
   plan: object
 
 
-def route_to_owners(comm, unique, inverse, num_shards, counts=None, dynamic=False):
+def route_to_owners(comm, unique, inverse, num_shards, counts=None, dynamic=False,
+                    stamp=None):
   """Stage 1, input distribution: the unique ids (with their counts, if
-  given) grouped by owner, `id mod N`, and sent to it."""
+  given) grouped by owner, `id mod N`, and sent to it. `stamp`: the step
+  the exchange belongs to, checked against every replica's
+  (`Communicator.plan`)."""
   if num_shards == 1:
     # This replica owns every row: nothing to route, and the requests are
     # already unique.
     return Routed(unique, counts, inverse, None)
   owner_ids, send_counts, positions = ops.partition_by_shard(unique, num_shards,
                                                              dynamic=dynamic)
-  plan = comm.plan(send_counts)
+  plan = comm.plan(send_counts, stamp=stamp)
   if counts is None:
     requested, requested_counts = comm.all_to_all(owner_ids, plan), None
   else:

@@ -217,8 +217,9 @@ def sparse_lookup(hashtable, ids, send_count=None, is_train=True, name=None,
     unique, inverse, counts = ops.unique_with_counts(flat)
     table = hashtable.table
     comm = table.comm
-    routed = routing.route_to_owners(comm, unique, inverse, comm.num_replicas,
-                                        counts=tf.cast(counts, tf.int64), dynamic=True)
+    routed = routing.route_to_owners(
+        comm, unique, inverse, comm.num_replicas, counts=tf.cast(counts, tf.int64),
+        dynamic=True, stamp=table.steps[hashtable.replica].read_value())
     # The local embeddings are the rows this replica owns and serves; their
     # gradients come back through the reverse exchange.
     local, addresses = table.lookup_with_addresses(
