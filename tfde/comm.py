@@ -137,10 +137,20 @@ class Communicator(abc.ABC):
     with tf.control_dependencies([check]):
       return ExchangePlan(send_counts, tf.identity(recv_counts), max_chunk)
 
+  def gather_flags(self, flags):
+    """[N, k] int32: every replica's `flags` ([k] int32), in replica order.
+    A control exchange, like the counts of a plan: not counted in
+    `bytes_sent`."""
+    flags = tf.cast(flags, tf.int32)
+    if self.num_replicas == 1:
+      return flags[None]
+    received, _ = self._exchange_counts(tf.tile(flags[None], [self.num_replicas, 1]))
+    return received
+
   @abc.abstractmethod
   def _exchange_counts(self, payload):
     """(payload[j] of every replica, stacked: what replica i sent here is
-    row i; the largest count anywhere or None). `payload` is [N] or [N, 2]
+    row i; the largest count anywhere or None). `payload` is [N] or [N, k]
     int32, row j destined to replica j."""
 
   @abc.abstractmethod
@@ -349,7 +359,7 @@ class MultiWorkerCommunicator(Communicator):
         payload[None], group_size=self.num_replicas,
         group_key=self._GROUP_KEY, instance_key=self._instance_key())
     received = matrix[:, self.replica_id()]
-    counts = matrix if payload.shape.rank == 1 else matrix[..., 0]
+    counts = matrix if payload.shape.rank == 1 else matrix[..., 0]  # stamps aside
     return received, tf.reduce_max(counts)
 
   @staticmethod

@@ -315,10 +315,8 @@ class ShardedLookup(tf.Module):
       parts += [tf.reduce_all(tf.math.is_finite(f.weights)) for f in step.features
                 if f.table.name == name and f.weights is not None]
       flags.append(tf.reduce_all(tf.stack(parts)) if parts else tf.constant(True))
-    finite = tf.stack(flags)
-    if self.comm.num_replicas > 1:
-      every = self.comm.all_gather(tf.cast(finite, tf.int32)[None])
-      finite = tf.equal(tf.reduce_min(every, axis=0), 1)
+    every = self.comm.gather_flags(tf.cast(tf.stack(flags), tf.int32))
+    finite = tf.equal(tf.reduce_min(every, axis=0), 1)
     return {name: finite[i] for i, name in enumerate(names)}
 
   def _trackable_children(self, save_type="checkpoint", **kwargs):
