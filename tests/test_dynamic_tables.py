@@ -77,7 +77,7 @@ def test_initial_values_are_a_function_of_seed_and_id(op_backend, init):
   del op_backend
   table = tfde.tables.DynamicTable(table_config("sgd", init, seed=11))
   ids = tf.constant(POOL, tf.int64)
-  got = table.lookup_shard(0, ids, None, training=False).numpy()
+  got = table.lookup_local(0, ids, None, training=False).numpy()
   kind, a, b = _init_spec(init)
   want = [oracles.dynamic_initial_row(int(k), DIM, kind, a, b, 11) for k in POOL]
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
@@ -150,7 +150,7 @@ def test_zeros_until_admitted(op_backend):
   del op_backend
   table = tfde.tables.DynamicTable(table_config(
       "sgd", "uniform", admit_after=2, unadmitted_value="zeros"))
-  first = table.lookup_shard(0, tf.constant([5, 9], tf.int64),
+  first = table.lookup_local(0, tf.constant([5, 9], tf.int64),
                              tf.constant([1, 2], tf.int64), training=True).numpy()
   assert np.all(first[0] == 0)  # seen once: not admitted, zeros
   assert np.any(first[1] != 0)  # seen twice in one batch: admitted at once
@@ -223,13 +223,13 @@ def test_checkpoint_restores_onto_other_replica_counts(tmp_path, restore_n):
 
 def test_checkpoint_of_another_width_is_refused_and_changes_nothing(tmp_path):
   table = tfde.tables.DynamicTable(table_config("sgd"))
-  table.lookup_shard(0, tf.constant([3, 4], tf.int64), tf.constant([1, 1], tf.int64),
+  table.lookup_local(0, tf.constant([3, 4], tf.int64), tf.constant([1, 1], tf.int64),
                      training=True)
   path = tf.train.Checkpoint(t=table).write(str(tmp_path / "ckpt"))
   wider = tfde.TableConfig(name="users", vocabulary_size=None, embedding_dim=DIM + 1,
                            optimizer="sgd", initializer="zeros")
   other = tfde.tables.DynamicTable(wider)
-  other.lookup_shard(0, tf.constant([9], tf.int64), tf.constant([1], tf.int64),
+  other.lookup_local(0, tf.constant([9], tf.int64), tf.constant([1], tf.int64),
                      training=True)
   with pytest.raises(ValueError, match=r"table 'users'.*shape \(2, 4\).*\(None, 5\)"):
     tf.train.Checkpoint(t=other).read(path)
@@ -242,7 +242,7 @@ def test_checkpoint_of_another_width_is_refused_and_changes_nothing(tmp_path):
 def _insert(table, ids, batch=250_000):
   for start in range(0, len(ids), batch):
     chunk = tf.constant(ids[start:start + batch], tf.int64)
-    table.lookup_shard(0, chunk, tf.ones_like(chunk), training=True)
+    table.lookup_local(0, chunk, tf.ones_like(chunk), training=True)
 
 
 def _rss_bytes():
@@ -279,7 +279,7 @@ def test_a_million_live_ids_stay_within_the_memory_bound():
     assert abs(dense.memory_bytes() - held) <= 0.01 * held
     # Rows read back as stored.
     some = tf.constant(spread[:5], tf.int64)
-    np.testing.assert_array_equal(table.lookup_shard(0, some, None, False).numpy(),
+    np.testing.assert_array_equal(table.lookup_local(0, some, None, False).numpy(),
                                   np.zeros((5, 8)))
     table.assign_rows(tf.zeros([0], tf.int64), tf.zeros([0, 8]))  # frees the rows
     assert table.size() == 0
@@ -305,11 +305,11 @@ def test_ids_of_a_wrong_dtype_are_refused_and_change_nothing(op_backend):
 def test_repeated_ids_in_an_update_are_refused(op_backend):
   del op_backend
   table = tfde.tables.DynamicTable(table_config("adam"))
-  table.lookup_shard(0, tf.constant([3, 4], tf.int64), tf.constant([1, 1], tf.int64),
+  table.lookup_local(0, tf.constant([3, 4], tf.int64), tf.constant([1, 1], tf.int64),
                      training=True)
   before = table.export_rows()
   with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids\[2\] = 3 repeats ids\[0\]"):
-    table.apply_shard_update(0, tf.constant([3, 4, 3], tf.int64), tf.ones([3, DIM]))
+    table.apply_gradient(0, tf.constant([3, 4, 3], tf.int64), tf.ones([3, DIM]))
   after = table.export_rows()
   np.testing.assert_array_equal(after["table"], before["table"])
 

@@ -61,7 +61,8 @@ def _assert_tables(tables, expected):
 @pytest.mark.parametrize("n", [1, 2])
 def test_legacy_checkpoint_restores(n):
   with mirrored(n).scope():
-    lookup = tfde.lookup.ShardedLookup(_configs())
+    # Sharded, as the lookup that wrote it (its default then).
+    lookup = tfde.lookup.ShardedLookup(_configs(), auto_replicate_bytes=0)
   tf.train.Checkpoint(lookup=lookup).read(
       os.path.join(DATA, "legacy_ckpt", "ckpt")).assert_consumed()
   _assert_tables(lookup.tables, _expected("ckpt"))

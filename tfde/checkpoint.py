@@ -43,6 +43,9 @@ def warm_start(table, source, variable_name=None):
     variable_name: the variable in that checkpoint; may be omitted when
       exactly one variable there has the table's shape.
   """
+  if table.is_dynamic:
+    raise ValueError(f"table {table.name!r} is dynamic: warm-start it with "
+                     "DynamicTable.assign_rows(ids, rows)")
   expected = (table.vocabulary_size, table.embedding_dim)
   if isinstance(source, (str, bytes)) or hasattr(source, "__fspath__"):
     path = _resolve(str(source))

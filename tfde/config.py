@@ -110,7 +110,8 @@ class TableConfig:
       for `vocabulary_size=None`.
     nonfinite: What a step whose gradients for this table hold NaN or Inf
       does: "error" raises an InvalidArgumentError naming the table and the
-      step, with the table and its slots unchanged; "skip" skips the
+      step before any of its rows or slots is updated (a dynamic table's
+      forward has still counted the step's sightings); "skip" skips the
       table's update for that step (every replica alike) and counts it
       (`Table.skipped_updates()`).
   """

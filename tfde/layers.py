@@ -73,6 +73,8 @@ class DistributedEmbedding(keras.layers.Layer):
   replicas.
   """
 
+  holds_tfde_tables = True  # see tfde.compat.keras_multiworker
+
   def __init__(self, feature_configs, table_stacking="auto", **kwargs):
     super().__init__(**kwargs)
     flat = tf.nest.flatten(feature_configs)
@@ -223,12 +225,13 @@ class DistributedEmbedding(keras.layers.Layer):
   def save_own_variables(self, store):
     store["sparse_update_trigger"] = np.asarray(self.sparse_update_trigger.numpy())
     for name, table in self._lookup.tables.items():
-      state = {key: value.numpy() for key, value in table.state().items()}
-      for key, value in state.items():
-        store[self._store_key(name, key)] = value
+      stored = {self._store_key(name, key): value.numpy()
+                for key, value in table.state().items()}
+      for key, value in stored.items():
+        store[key] = value
       # HDF5 keeps no checksum: a flipped bit would load silently.
       store[self._store_key(name, "checksum")] = np.asarray(
-          tables_base.state_checksum(state), np.int64)
+          tables_base.state_checksum(stored), np.int64)
 
   def load_own_variables(self, store):
     keys = set(store.keys())
@@ -250,8 +253,12 @@ class DistributedEmbedding(keras.layers.Layer):
       table.check_state(states[name], source="saved")
       checksum_key = self._store_key(name, "checksum")
       if checksum_key in keys:
+        # Over every array saved for the table, as written (a file may hold
+        # slots of another optimizer, which loading ignores).
+        saved_arrays = {k: np.asarray(store[k]) for k in keys
+                        if k.rsplit(":", 1)[0] == name and k != checksum_key}
         saved = int(np.asarray(store[checksum_key]))
-        read = tables_base.state_checksum(states[name])
+        read = tables_base.state_checksum(saved_arrays)
         if saved != read:
           raise ValueError(f"table {name!r}: the saved weights fail their "
                            f"checksum (saved {saved}, read {read}); the file "

@@ -43,7 +43,6 @@ from tfde import inputs as inputs_lib
 from tfde import ops
 from tfde import routing
 from tfde import tables as tables_lib
-from tfde.ops import reference
 
 
 @dataclasses.dataclass
@@ -84,13 +83,24 @@ def as_one_batch(features, combiners):
   coefficients, splits, offset = [], [tf.zeros([1], tf.int64)], tf.constant(0, tf.int64)
   for f, combiner in zip(features, combiners):
     if needs_weights:
-      _, coef = reference.combine_coefficients(f.row_splits, f.weights,
-                                               tf.size(f.ids), combiner)
+      _, coef = ops.combine_coefficients(f.row_splits, f.weights,
+                                         tf.size(f.ids), combiner)
       coefficients.append(coef)
     splits.append(f.row_splits[1:] + offset)
     offset += f.row_splits[-1]
   return (tf.concat(splits, 0), tf.concat(coefficients, 0) if needs_weights else None,
           "sum")
+
+
+def cached_lookup(tables, key, make):
+  """The lookup a front door made for `tables` and `key` (its features'
+  shape), made by `make()` the first time. Kept on the first table, so it
+  lives as long as the tables do, and no longer (no registry)."""
+  cache = tables[0].__dict__.setdefault("_door_lookups", {})
+  key = tuple(id(t) for t in tables) + tuple(key)
+  if key not in cache:
+    cache[key] = make()
+  return cache[key]
 
 
 def same_table(a, b):
@@ -175,9 +185,7 @@ class ShardedLookup(tf.Module):
         raise ValueError(f"{inputs_lib.describe(name, table.name)} is missing from the inputs")
       ids, splits, w = inputs_lib.flatten_feature(name, table.name, inputs[name],
                                        weights.get(name))
-      if not table.is_dynamic:
-        # Dynamic tables take any int64 id as a key.
-        ids = inputs_lib.check_id_range(ids, table.vocabulary_size, name, table.name)
+      ids = table.check_ids(ids, name)
       flat.append(inputs_lib.FlatFeature(name, table, ids, splits, w))
     return flat
 
@@ -235,7 +243,8 @@ class ShardedLookup(tf.Module):
     routed = routing.route_to_owners(
         comm, unique, inverse, group.num_shards,
         counts=tf.cast(counts, tf.int64) if group.routes_ids else None,
-        dynamic=group.routes_ids, stamp=group.step(comm.replica_id()))
+        dynamic=group.routes_ids,
+        stamp=group.step(comm.replica_id()) if group.num_shards > 1 else None)
     return GroupStep(
         group=group, features=features, combiners=combiners,
         replica=comm.replica_id(), routed=routed,

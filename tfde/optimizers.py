@@ -113,7 +113,7 @@ class SparseOptimizer:
     table must be configured with this optimizer's kind, whose slots it
     uses. Rows may repeat in a gradient: they are summed first.
     """
-    updates = []
+    pending = []
     for grad, var in grads_and_vars:
       if grad is None:
         continue
@@ -132,13 +132,13 @@ class SparseOptimizer:
       unique, inverse = tf.unique(grad.indices, out_idx=tf.int32)
       summed = tf.math.unsorted_segment_sum(grad.values, inverse,
                                             tf.size(unique))
-      # The table keeps the slots and the step; this optimizer is the rule.
-      # Checked on this replica's gradient (SOK runs one replica per
-      # process and applies each rank's gradients where they are).
-      finite = tf.reduce_all(tf.math.is_finite(summed))
-      updates.append(table.apply_gradient(replica, unique, summed, optimizer=self,
-                                          finite=finite))
-    return tf.group(updates)
+      pending.append((table, replica, unique, summed))
+    finite = all_finite([summed for _, _, _, summed in pending],
+                        pending[0][0].comm if pending else None)
+    # The table keeps the slots and the step; this optimizer is the rule.
+    return tf.group([table.apply_gradient(replica, unique, summed, optimizer=self,
+                                          finite=finite[i])
+                     for i, (table, replica, unique, summed) in enumerate(pending)])
 
   # ---- serialisation
 
@@ -245,6 +245,17 @@ _KERAS_UNSUPPORTED = {
     "nesterov": False, "amsgrad": False, "gradient_accumulation_steps": None,
     "loss_scale_factor": None,
 }
+
+def all_finite(gradients, comm):
+  """Per gradient, whether it is finite on every replica of `comm` (one
+  control exchange), so a table is updated everywhere or nowhere."""
+  if not gradients:
+    return []
+  flags = tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in gradients])
+  every = comm.gather_flags(tf.cast(flags, tf.int32))
+  finite = tf.equal(tf.reduce_min(every, axis=0), 1)
+  return [finite[i] for i in range(len(gradients))]
+
 
 # The attribute by which a variable a tfde table hands out names its owner.
 OWNER_ATTRIBUTE = "_tfde_owner"

@@ -49,7 +49,7 @@ class DynamicServingTable(tf.Module):
 
   def __init__(self, table, name):
     super().__init__(name=name)
-    state = table.state()
+    state = table.state(keys=("ids", "table"))
     self.rows = tf.Variable(state["table"], trainable=False, name=f"{name}_rows")
     self.index = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(
@@ -100,7 +100,7 @@ def export_for_serving(model_or_layer, path, example_inputs):
         if table.is_dynamic:
           full[name] = DynamicServingTable(table, f"{layer.name}_{name}")
         else:
-          full[name] = tf.Variable(table.state()["table"], trainable=False,
+          full[name] = tf.Variable(table.state(keys=("table",))["table"], trainable=False,
                                    name=f"{layer.name}_{name}")
     tables[layer.name] = full
   signature = tf.nest.map_structure(_spec, example_inputs)

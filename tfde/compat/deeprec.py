@@ -183,16 +183,10 @@ def _sharded_group(tables, sp_ids, combiners, sp_weights, indices):
     inputs[name] = ids
     if w is not None:
       weights[name] = w
-  key = tuple(id(t) for t in tables) + tuple(sorted(features))
-  lookup = _SHARDED_LOOKUPS.get(key)
-  if lookup is None:
-    lookup = lookup_lib.ShardedLookup(features, tables={t.name: t for t in tables},
-                                      name="group_embedding")
-    _SHARDED_LOOKUPS[key] = lookup
+  lookup = lookup_lib.cached_lookup(
+      tables, sorted(features), lambda: lookup_lib.ShardedLookup(
+          features, tables={t.name: t for t in tables}, name="group_embedding"))
   out = lookup(inputs, weights or None)
   return [out[f"feature_{i}"] for i in indices]
 
-
-# One ShardedLookup (and its update trigger) per group of tfde tables.
-_SHARDED_LOOKUPS = {}
 

@@ -29,7 +29,8 @@ _applied = False
 
 
 def _holds_tfde_layer(model):
-  return any(type(layer).__module__.startswith("tfde.")
+  # tfde's layers (and users' subclasses of them) say so.
+  return any(getattr(layer, "holds_tfde_tables", False)
              for layer in model._flatten_layers())  # pylint: disable=protected-access
 
 

@@ -100,16 +100,20 @@ class HashOptimizer:
       if grad is None:
         continue
       by_table.setdefault(table.name, (table, []))[1].append((grad, address))
-    updates = []
     with tf.name_scope(name or "hash_optimizer"):
+      pending = []
       for table, pairs in by_table.values():
         addresses = tf.concat([a for _, a in pairs], 0)
         grads = tf.concat([tf.convert_to_tensor(g) for g, _ in pairs], 0)
         unique, inverse = tf.unique(addresses, out_idx=tf.int32)
         summed = tf.math.unsorted_segment_sum(grads, inverse, tf.size(unique))
-        updates.append(table.table.apply_gradient(
-            table.replica, unique, summed, optimizer=self.sparse_optimizer,
-            by_address=True, finite=tf.reduce_all(tf.math.is_finite(summed))))
+        pending.append((table, unique, summed))
+      finite = optimizers_lib.all_finite([p[2] for p in pending],
+                                         pending[0][0].table.comm if pending else None)
+      updates = [table.table.apply_gradient(
+          table.replica, unique, summed, optimizer=self.sparse_optimizer,
+          by_address=True, finite=finite[i])
+                 for i, (table, unique, summed) in enumerate(pending)]
       if global_step is not None:
         with tf.control_dependencies(updates):
           updates.append(tf.compat.v1.assign_add(global_step, 1))

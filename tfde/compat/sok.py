@@ -147,16 +147,10 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None):
     inputs[name] = ids
     if w is not None:
       weights[name] = w
-  # One lookup per (tables, combiners), kept on the first table: it lives
-  # as long as the tables do, and no longer.
-  key = tuple(t.name for t in tables) + tuple(combiners)
-  cache = tables[0].__dict__.setdefault("_sok_lookups", {})
-  lookup = cache.get(key)
-  if lookup is None:
-    lookup = lookup_lib.ShardedLookup(
-        list(features.values()), tables={t.name: t for t in tables},
-        train_in_backward=False, name="sok_lookup")
-    cache[key] = lookup
+  lookup = lookup_lib.cached_lookup(
+      tables, combiners, lambda: lookup_lib.ShardedLookup(
+          list(features.values()), tables={t.name: t for t in tables},
+          train_in_backward=False, name="sok_lookup"))
   out = lookup(inputs, weights or None)
   return [out[f"feature_{i}"] for i in range(len(params))]
 
@@ -220,6 +214,8 @@ def _v1_table(name, dimension, max_vocabulary_size_per_gpu, use_hashtable,
 
 class _EmbeddingLayerBase:
   """Shared by the v1 layers: one table, one explicit-gradient lookup."""
+
+  holds_tfde_tables = True  # see tfde.compat.keras_multiworker
 
   def _make_lookup(self, config):
     # SOK's tables are distributed (rows by id % N), however small.

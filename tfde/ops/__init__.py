@@ -139,9 +139,20 @@ def bag_gradients_dense(grads):
   return grads.dense()
 
 
+def combine_coefficients(row_splits, weights, n, combiner):
+  """(segment of each id, its coefficient: its weight over the combiner's
+  divisor), for folding a combiner into per-id weights of a "sum"."""
+  return reference.combine_coefficients(row_splits, weights, n, combiner)
+
+
 def bag_gradients(grad, inverse, row_splits, weights, num_unique, combiner="sum"):
   """`embedding_combine_grad`'s result left as a `BagGradients`: the ids of
-  each unique row, for a sparse update to sum as it applies them."""
+  each unique row, for a sparse update to sum as it applies them. On the
+  twins, which have no bag updates, the [num_unique, dim] matrix itself:
+  the updates take either."""
+  if current_backend() == REFERENCE:
+    return reference.embedding_combine_grad(grad, inverse, row_splits, weights,
+                                            num_unique, combiner)
   segments, bags, bag_weights = _impl().bag_gradient_index(
       inverse, row_splits, weights, num_unique, combiner)
   return BagGradients(tf.convert_to_tensor(grad), segments, bags, bag_weights)

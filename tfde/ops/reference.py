@@ -150,11 +150,6 @@ def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum")
   return segments, tf.gather(bag_of, order), tf.gather(coefficient, order)
 
 
-def bag_gradients_dense(grads):
-  """The [rows, dim] gradient matrix that `grads` stands for."""
-  return grads.dense()
-
-
 def _update_checks(var, indices, grad):
   """Range and duplicate checks that must pass before any write."""
   indices = tf.convert_to_tensor(indices)
@@ -246,7 +241,7 @@ def scalar_checks(kind, scalars):
 
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
   if isinstance(grad, BagGradients):
-    grad = bag_gradients_dense(grad)
+    grad = grad.dense()
   grad = select_rows(grad, grad_rows)
   checks = _update_checks(variables[0], indices, grad) + scalar_checks(kind, scalars)
   with tf.control_dependencies(checks):

@@ -17,7 +17,6 @@ implementing `base.Table`, and a branch in `make_table`.
 from tfde import placement
 from tfde.tables.base import Table
 from tfde.tables.dynamic import DynamicTable
-from tfde.tables.dynamic import dynamic_spec  # noqa: F401 (public)
 from tfde.tables.sharded import ShardedTable
 
 

@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfde import comm as comm_lib
+from tfde import inputs
 from tfde.ops import checks
 from tfde import optimizers
 
@@ -50,7 +51,7 @@ def state_checksum(state):
   crc = 0
   for key in sorted(state):
     crc = zlib.crc32(key.encode(), crc)
-    crc = zlib.crc32(np.ascontiguousarray(state[key]).tobytes(), crc)
+    crc = zlib.crc32(np.ascontiguousarray(state[key]), crc)
   return crc
 
 
@@ -126,7 +127,7 @@ class Table(tf.Module):
     check = checks.assert_that(
         finite, f"table {self.name}: the gradient of step ",
         tf.convert_to_tensor(self.steps[replica]) + 1,
-        " holds NaN or Inf; the table and its slots are unchanged "
+        " holds NaN or Inf; no row or slot of it was updated "
         "(TableConfig(nonfinite='skip') skips such updates instead)")
     with tf.control_dependencies([check]):
       return apply()
@@ -146,6 +147,11 @@ class Table(tf.Module):
   owner_of = staticmethod(optimizers.shard_owner)
 
   # ---- the pipeline's side
+
+  def check_ids(self, ids, feature_name):
+    """`ids` (int64) of a feature, checked as this table takes them: an
+    error naming the feature and table for one it cannot hold."""
+    return inputs.check_id_range(ids, self.vocabulary_size, feature_name, self.name)
 
   def lookup_local(self, replica, requested, counts, training):
     """[k, dim] rows of `requested` (local rows, or ids when `routes_ids`),
@@ -191,10 +197,10 @@ class Table(tf.Module):
     return (["table"] + [SLOT_PREFIX + s for s in self.optimizer.slot_names] +
             ["step"])
 
-  def state(self):
+  def state(self, keys=None):
     """dict of key -> tensor: the whole table, whatever the replica count
-    (a collective when shards live in other processes). TF ops only, so it
-    may be traced."""
+    (a collective when shards live in other processes); `keys` limits it to
+    some of `state_keys()`. TF ops only, so it may be traced."""
     raise NotImplementedError
 
   def check_state(self, state, source="checkpoint"):

@@ -100,12 +100,14 @@ class DynamicTable(base.Table):
 
   # ---- the pipeline's side
 
+  def check_ids(self, ids, feature_name):
+    del feature_name
+    return ids  # any int64 id is a key
+
   def lookup_local(self, replica, requested, counts, training):
     """In training each id counts `counts[i]` sightings at the coming step,
     which may admit it (create its row); otherwise nothing changes."""
     return self.lookup_with_addresses(replica, requested, counts, training)[0]
-
-  lookup_shard = lookup_local
 
   def lookup_with_addresses(self, replica, ids, counts, training):
     """lookup_local's rows, and the addresses of the ids' rows after it (-1
@@ -115,8 +117,6 @@ class DynamicTable(base.Table):
     with tf.device(self.comm.replica_device(replica)):
       step = tf.convert_to_tensor(self.steps[replica]) + 1
       return self.stores[replica].lookup(ids, counts, step, insert=training)
-
-  lookup_shard_with_addresses = lookup_with_addresses
 
   def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
                      by_address=False, finite=None):
@@ -153,8 +153,6 @@ class DynamicTable(base.Table):
     with tf.device(self.comm.replica_device(replica)):
       return self.guard_nonfinite(replica, finite, apply)
 
-  apply_shard_update = apply_gradient
-
   def gradient_variable(self, replica):
     return self.gradient_variables[replica]
 
@@ -182,7 +180,7 @@ class DynamicTable(base.Table):
   def state_keys(self):
     return list(ROW_FIELDS) + super().state_keys() + list(PENDING_FIELDS)
 
-  def state(self):
+  def state(self, keys=None):
     whole = self._gathered()
     tensors = {"table": whole["values"][:, 0]}
     for k, slot in enumerate(self.optimizer.slot_names):
@@ -190,7 +188,7 @@ class DynamicTable(base.Table):
     for field in ROW_FIELDS + PENDING_FIELDS:
       tensors[field] = whole[field]
     tensors["step"] = tf.convert_to_tensor(self.steps[min(self.steps)])
-    return {key: tensors[key] for key in self.state_keys()}
+    return {key: tensors[key] for key in keys or self.state_keys()}
 
   def check_state(self, state, source="checkpoint"):
     super().check_state(state, source)

@@ -13,7 +13,6 @@ full table is the same whatever the number of shards; optimizer slots are
 sharded like the table, and each shard counts its optimizer steps.
 """
 
-import numpy as np
 import tensorflow as tf
 
 from tfde import comm as comm_lib
@@ -93,7 +92,10 @@ class ShardedTable(base.Table):
     optimizer = optimizer or self.optimizer
 
     def apply():
-      step = self.steps[replica].assign_add(1)
+      # After the rows exist, hence after this step's lookups read the step
+      # for their exchange's stamp (a TF1 graph orders nothing else).
+      with tf.control_dependencies([rows]):
+        step = self.steps[replica].assign_add(1)
       with tf.control_dependencies([step]):
         update = optimizer.apply(self.shards[replica], self.slots[replica],
                                  rows, grads, step, grad_rows=grad_rows)
@@ -102,8 +104,6 @@ class ShardedTable(base.Table):
 
     with tf.device(self.comm.replica_device(replica)):
       return self.guard_nonfinite(replica, finite, apply)
-
-  apply_shard_update = apply_gradient
 
   def gradient_variable(self, replica):
     return self.shards[replica]
@@ -140,10 +140,11 @@ class ShardedTable(base.Table):
     slot = key[len(base.SLOT_PREFIX):]
     return {r: s[slot] for r, s in self.slots.items()}
 
-  def state(self):
+  def state(self, keys=None):
     tensors = {key: self._gathered(self._variables(key))
-               for key in self.state_keys() if key != "step"}
-    tensors["step"] = tf.convert_to_tensor(self.steps[min(self.steps)])
+               for key in keys or self.state_keys() if key != "step"}
+    if keys is None or "step" in keys:
+      tensors["step"] = tf.convert_to_tensor(self.steps[min(self.steps)])
     return tensors
 
   def check_state(self, state, source="checkpoint"):
@@ -178,20 +179,3 @@ class ShardedTable(base.Table):
 
   def full_slot(self, slot_name):
     return self._gathered(self._variables(base.SLOT_PREFIX + slot_name)).numpy()
-
-  def assign_full(self, values):
-    """Sets the whole table from a [V, D] array (warm start)."""
-    self._check_whole(values, "values")
-    self._assign_whole(self.shards, values)
-
-  def assign_full_slot(self, slot_name, values):
-    """Sets one optimizer slot of the whole table from a [V, D] array."""
-    self._check_whole(values, f"slot {slot_name!r}")
-    self._assign_whole(self._variables(base.SLOT_PREFIX + slot_name), values)
-
-  def _check_whole(self, values, what):
-    shape = tuple(np.shape(values))
-    expected = (self.vocabulary_size, self.embedding_dim)
-    if shape != expected:
-      raise ValueError(f"table {self.name!r}: {what} have shape {shape}, "
-                       f"the table is {expected}")
