@@ -1,0 +1,83 @@
+"""A writer SIGKILLed at random moments during CheckpointManager.save
+always leaves the latest listed checkpoint complete and restorable (static
+and dynamic tables; one process, and two MultiWorkerMirroredStrategy
+workers)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfde
+from tests import save_worker
+from tests.test_multiprocess import REPO, _worker_group
+
+TRIALS = 20
+TIMEOUT_S = 120
+
+
+def _start(mode, directory):
+  if mode == "local":
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    commands = [[sys.executable, "-m", "tests.save_worker", "--mode", "local",
+                 "--dir", directory]]
+    envs = [env]
+  else:
+    commands, envs = _worker_group(["-m", "tests.save_worker", "--mode", "mwms",
+                                    "--dir", directory])
+  return [subprocess.Popen(c, env=e, cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+          for c, e in zip(commands, envs)]
+
+
+def _kill_during_saves(mode, directory, delay):
+  """Starts the writer, waits for its first save, lets it go on for
+  `delay` seconds (further saves in flight), then SIGKILLs every process."""
+  procs = _start(mode, directory)
+  try:
+    deadline = time.monotonic() + TIMEOUT_S
+    line = ""
+    while not line.startswith("saved"):
+      assert time.monotonic() < deadline and procs[0].poll() is None, "no first save"
+      line = procs[0].stdout.readline()
+    time.sleep(delay)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+      p.wait()
+
+
+def _restored_value(directory):
+  """The one value k every table, slot and step of the latest listed
+  checkpoint holds (so it is complete)."""
+  latest = tf.train.latest_checkpoint(directory)
+  assert latest is not None, os.listdir(directory)
+  lookup = tfde.lookup.ShardedLookup(save_worker.configs(), auto_replicate_bytes=0)
+  tf.train.Checkpoint(lookup=lookup).restore(latest).assert_consumed()
+  values = set()
+  for table in lookup.tables.values():
+    for key, value in table.state().items():
+      if key in ("table", "step") or key.startswith("slot_"):
+        values.update(np.unique(value.numpy()).tolist())
+    if table.is_dynamic:
+      assert table.size() == save_worker.DYNAMIC_IDS
+  assert len(values) == 1, (latest, sorted(values)[:5])
+  return values.pop()
+
+
+@pytest.mark.parametrize("mode", ["local", "mwms"])
+def test_a_killed_writer_leaves_a_complete_latest_checkpoint(tmp_path, mode):
+  rng = np.random.default_rng(7)
+  seen = []
+  for trial in range(TRIALS):
+    directory = str(tmp_path / f"trial_{trial}")
+    _kill_during_saves(mode, directory, delay=float(rng.uniform(0.0, 1.5)))
+    seen.append(_restored_value(directory))
+  # The kills fell at different points of the save loop.
+  assert len(set(seen)) > 1, seen
