@@ -67,6 +67,7 @@ bench: ops
 	$(PY) bench/ops_bench.py
 	$(PY) bench/sharded_bench.py
 	$(PY) bench/dynamic_bench.py
+	$(PY) bench/memory_bench.py
 
 # The main job: a DLRM-style model on generated Criteo-like data, 2 replicas,
 # report in reports/demo/.
