@@ -11,6 +11,8 @@ current code.
 import gc
 import importlib.util
 import os
+import subprocess
+import sys
 import weakref
 
 import keras
@@ -101,3 +103,22 @@ def test_sok_variable_keeps_its_table_until_dropped():
   del table, variable
   gc.collect()
   assert ref() is None
+
+
+def test_importing_tfde_leaves_keras_unpatched():
+  """Keras's trainer is changed only where a tfde layer needs it (built
+  under MultiWorkerMirroredStrategy), never by an import."""
+  code = (
+      "from keras.src.backend.tensorflow import trainer\n"
+      "build = trainer.TensorFlowTrainer._maybe_symbolic_build\n"
+      "reduce = trainer.reduce_per_replica\n"
+      "import tfde, tfde.layers, tfde.compat.sok\n"
+      "tfde.layers.DistributedEmbedding({'f': tfde.FeatureConfig(name='f', "
+      "table=tfde.TableConfig(name='t', vocabulary_size=4, embedding_dim=2))})\n"
+      "assert trainer.TensorFlowTrainer._maybe_symbolic_build is build\n"
+      "assert trainer.reduce_per_replica is reduce\n")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+             PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
