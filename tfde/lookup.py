@@ -295,8 +295,8 @@ class ShardedLookup(tf.Module):
     every_copy = group.replicated and self.comm.num_replicas > 1
     if step.fused and self.train_in_backward and not every_copy:
       owned = step.routed.requested
-      summed = ops.bag_gradients(output_grad, step.routed.answer_index, splits,
-                                 weights, step.num_rows, combiner)
+      summed = ops.gradients_for_update(output_grad, step.routed.answer_index,
+                                        splits, weights, step.num_rows, combiner)
     else:
       # One gradient row per answered row, so already grouped by owner.
       answer_grad = ops.embedding_combine_grad(output_grad, step.routed.answer_index,

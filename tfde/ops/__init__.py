@@ -145,14 +145,21 @@ def combine_coefficients(row_splits, weights, n, combiner):
   return reference.combine_coefficients(row_splits, weights, n, combiner)
 
 
-def bag_gradients(grad, inverse, row_splits, weights, num_unique, combiner="sum"):
-  """`embedding_combine_grad`'s result left as a `BagGradients`: the ids of
-  each unique row, for a sparse update to sum as it applies them. On the
-  twins, which have no bag updates, the [num_unique, dim] matrix itself:
-  the updates take either."""
+def gradients_for_update(grad, inverse, row_splits, weights, num_unique,
+                         combiner="sum"):
+  """`embedding_combine_grad`'s result in the form a sparse update reads
+  best here: bags on the kernels (summed as the update applies them, no
+  [num_unique, dim] matrix written), the matrix itself on the twins, which
+  have no bag updates. The updates take either."""
   if current_backend() == REFERENCE:
     return reference.embedding_combine_grad(grad, inverse, row_splits, weights,
                                             num_unique, combiner)
+  return bag_gradients(grad, inverse, row_splits, weights, num_unique, combiner)
+
+
+def bag_gradients(grad, inverse, row_splits, weights, num_unique, combiner="sum"):
+  """`embedding_combine_grad`'s result left as a `BagGradients`: the ids of
+  each unique row, for a sparse update to sum as it applies them."""
   segments, bags, bag_weights = _impl().bag_gradient_index(
       inverse, row_splits, weights, num_unique, combiner)
   return BagGradients(tf.convert_to_tensor(grad), segments, bags, bag_weights)
