@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -187,22 +188,33 @@ class RowIndex {
 };
 
 // Rows in fixed blocks, so growing never copies (or doubles) what is stored;
-// freed rows are reused first.
+// freed rows are reused first. A block holds 4096 rows, or fewer (a power
+// of two, at least one) where rows are so wide that 4096 would pass 64 MiB.
 class RowStore {
  public:
-  static constexpr int64_t kBlockRows = 4096;
+  explicit RowStore(int64_t width = 1) : width_(width) {
+    constexpr int kMaxBlockShift = 12;
+    constexpr int64_t kMaxBlockBytes = int64_t{64} << 20;
+    const int64_t row_bytes = width_ * static_cast<int64_t>(sizeof(float));
+    while (block_shift_ < kMaxBlockShift &&
+           (int64_t{2} << block_shift_) <= kMaxBlockBytes / row_bytes) {
+      ++block_shift_;
+    }
+  }
 
-  explicit RowStore(int64_t width = 1) : width_(width) {}
-
+  // A free row, or -1 when the memory for a new block cannot be had.
   int64_t Allocate() {
     if (!free_.empty()) {
       const int64_t row = free_.back();
       free_.pop_back();
       return row;
     }
-    if (next_ == static_cast<int64_t>(blocks_.size()) * kBlockRows) {
-      blocks_.push_back(Block{std::unique_ptr<float[]>(new float[kBlockRows * width_]),
-                              std::unique_ptr<int64_t[]>(new int64_t[kBlockRows * 3])});
+    if (next_ == static_cast<int64_t>(blocks_.size()) << block_shift_) {
+      const int64_t rows = int64_t{1} << block_shift_;
+      Block block{std::unique_ptr<float[]>(new (std::nothrow) float[rows * width_]),
+                  std::unique_ptr<int64_t[]>(new (std::nothrow) int64_t[rows * 3])};
+      if (!block.values || !block.meta) return -1;
+      blocks_.push_back(std::move(block));
     }
     return next_++;
   }
@@ -214,7 +226,7 @@ class RowStore {
   }
 
   float* Values(int64_t row) const {
-    return blocks_[row / kBlockRows].values.get() + (row % kBlockRows) * width_;
+    return blocks_[row >> block_shift_].values.get() + (row & block_mask()) * width_;
   }
   // Per row: its id, how often it was seen, the step it was last seen.
   int64_t& Key(int64_t row) { return Meta(row)[0]; }
@@ -224,7 +236,7 @@ class RowStore {
   // Rows handed out so far, live or freed: meta of rows below it is set.
   int64_t allocated() const { return next_; }
   size_t bytes() const {
-    return blocks_.size() * kBlockRows * (width_ * sizeof(float) + 3 * sizeof(int64_t)) +
+    return (blocks_.size() << block_shift_) * (width_ * sizeof(float) + 3 * sizeof(int64_t)) +
            free_.capacity() * sizeof(int64_t);
   }
 
@@ -234,10 +246,12 @@ class RowStore {
     std::unique_ptr<int64_t[]> meta;
   };
   int64_t* Meta(int64_t row) {
-    return blocks_[row / kBlockRows].meta.get() + (row % kBlockRows) * 3;
+    return blocks_[row >> block_shift_].meta.get() + (row & block_mask()) * 3;
   }
+  int64_t block_mask() const { return (int64_t{1} << block_shift_) - 1; }
 
   int64_t width_;
+  int block_shift_ = 0;
   std::vector<Block> blocks_;
   std::vector<int64_t> free_;
   int64_t next_ = 0;
@@ -265,33 +279,34 @@ class DynamicEmbeddingTable : public ResourceBase {
     return row >= 0 && row < store_.allocated() && index_.Find(store_.Key(row)) == row;
   }
 
-  // Counts a sighting of `id` (`times` occurrences at `step`); returns its
+  // Counts a sighting of `id` (`times` occurrences at `step`); *row is its
   // row, created when this sighting admits it, or -1 while not admitted.
-  int64_t See(int64_t id, int64_t times, int64_t step) {
-    int64_t row = index_.Find(id);
-    if (row >= 0) {
-      store_.Count(row) += times;
-      store_.LastSeen(row) = std::max(store_.LastSeen(row), step);
-      return row;
+  Status See(int64_t id, int64_t times, int64_t step, int64_t* row) {
+    *row = index_.Find(id);
+    if (*row >= 0) {
+      store_.Count(*row) += times;
+      store_.LastSeen(*row) = std::max(store_.LastSeen(*row), step);
+      return absl::OkStatus();
     }
     int64_t seen = times;
     auto pending = pending_.find(id);
     if (pending != pending_.end()) seen += pending->second.count;
     if (seen < spec_.admit_after) {
       pending_[id] = Pending{seen, step};
-      return -1;
+      return absl::OkStatus();
     }
+    TF_RETURN_IF_ERROR(NewRow(id, row));
     if (pending != pending_.end()) pending_.erase(pending);
-    row = NewRow(id);
-    store_.Count(row) = seen;
-    store_.LastSeen(row) = step;
-    return row;
+    store_.Count(*row) = seen;
+    store_.LastSeen(*row) = step;
+    return absl::OkStatus();
   }
 
   // A row for `id` with the given contents (import).
   Status Restore(int64_t id, const float* values, int64_t count, int64_t last_seen) {
     if (index_.Find(id) >= 0) return InvalidArgument("id ", id, " appears twice");
     const int64_t row = store_.Allocate();
+    if (row < 0) return OutOfRowMemory();
     index_.Insert(id, row);
     std::copy_n(values, spec_.dim * spec_.num_slots, store_.Values(row));
     store_.Key(row) = id;
@@ -353,16 +368,22 @@ class DynamicEmbeddingTable : public ResourceBase {
   }
 
  private:
-  int64_t NewRow(int64_t id) {
-    const int64_t row = store_.Allocate();
-    index_.Insert(id, row);
-    float* values = store_.Values(row);
+  Status NewRow(int64_t id, int64_t* row) {
+    *row = store_.Allocate();
+    if (*row < 0) return OutOfRowMemory();
+    index_.Insert(id, *row);
+    float* values = store_.Values(*row);
     InitialValue(spec_, id, values);
     for (int s = 1; s < spec_.num_slots; ++s) {
       std::fill_n(values + s * spec_.dim, spec_.dim, spec_.slot_initial[s - 1]);
     }
-    store_.Key(row) = id;
-    return row;
+    store_.Key(*row) = id;
+    return absl::OkStatus();
+  }
+
+  Status OutOfRowMemory() const {
+    return tensorflow::errors::ResourceExhausted("out of memory for a new row of ",
+                                                 DebugString());
   }
 
   const TableSpec spec_;
@@ -418,6 +439,10 @@ class DynamicTableHandleOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &spec_.seed));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admit_after", &spec_.admit_after));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("zeros_until_admitted", &spec_.zeros_until_admitted));
+    // A row's width in floats must be a size: at most 2^40 (4 TiB a row).
+    OP_REQUIRES(ctx, spec_.dim <= (int64_t{1} << 40) / spec_.num_slots,
+                InvalidArgument("dim = ", spec_.dim, " with ", spec_.num_slots,
+                                " slots is too wide a row"));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -538,7 +563,9 @@ class DynamicTableLookupOp : public OpKernel {
       // Sightings and insertions change the index: one writer.
       mutex_lock lock(*table->mu());
       const int64_t* counts = counts_t.flat<int64_t>().data();
-      for (int64_t i = 0; i < n; ++i) row_of[i] = table->See(ids[i], counts[i], step);
+      for (int64_t i = 0; i < n; ++i) {
+        OP_REQUIRES_OK(ctx, table->See(ids[i], counts[i], step, &row_of[i]));
+      }
       // An id admitted by a later repeat in this call is served from its
       // row everywhere in the call, whatever the order of the repeats.
       for (int64_t i = 0; i < n; ++i) {
@@ -659,7 +686,9 @@ class DynamicTableApplyOp : public OpKernel {
                                   "applying them"));
     }
     mutex_lock lock(*table->mu());
-    std::vector<int64_t> row_of(n);
+    Tensor row_of_t;
+    int64_t* row_of;
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, n, &row_of_t, &row_of));
     int64_t applied = 0;
     for (int64_t i = 0; i < n; ++i) {
       if (by_address_) {

@@ -137,13 +137,21 @@ combines the rows rows[inverse[i]] of sample b's ids. Equal to combining
 TfdeGatherFromTables(tables, rows), without writing the gathered rows.
 )doc");
 
-// Validates the ragged structure shared by both ops and computes, per id,
-// its sample (bag) and its coefficient w_i / divisor(bag).
+// Each id's sample (bag) and coefficient w_i / divisor(bag), in scratch
+// memory from the context.
+struct Coefficients {
+  Tensor bag_of_t, coefficient_t;
+  int32_t* bag_of = nullptr;
+  float* coefficient = nullptr;
+  int64_t rows_read = 0;  // max(inverse) + 1: the rows the ids read
+};
+
+// Validates the ragged structure shared by the combine ops and computes,
+// per id, its sample (bag) and its coefficient w_i / divisor(bag).
 template <typename Split>
-Status ComputeCoefficients(const Tensor& inverse_t, const Tensor& splits_t,
-                           const Tensor& weights_t, int64_t num_rows,
-                           Combiner combiner, std::vector<int32_t>* bag_of,
-                           std::vector<float>* coefficient) {
+Status ComputeCoefficients(OpKernelContext* ctx, const Tensor& inverse_t,
+                           const Tensor& splits_t, const Tensor& weights_t,
+                           int64_t num_rows, Combiner combiner, Coefficients* out) {
   // Shapes are checked (CheckCombineInputs); here the values.
   const int64_t n = inverse_t.NumElements();
   const int64_t batch = splits_t.NumElements() - 1;
@@ -164,22 +172,25 @@ Status ComputeCoefficients(const Tensor& inverse_t, const Tensor& splits_t,
   }
   const int64_t num_weights = weights_t.NumElements();
   const int32_t* inverse = inverse_t.flat<int32_t>().data();
+  int32_t max_inverse = -1;
   for (int64_t i = 0; i < n; ++i) {
     if (inverse[i] < 0 || inverse[i] >= num_rows) {
       return InvalidArgument("inverse[", i, "] = ", inverse[i],
                              " is out of range [0, ", num_rows, ")");
     }
+    max_inverse = std::max(max_inverse, inverse[i]);
   }
+  out->rows_read = static_cast<int64_t>(max_inverse) + 1;
+  TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->bag_of_t, &out->bag_of));
+  TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->coefficient_t, &out->coefficient));
   const float* weights = num_weights ? weights_t.flat<float>().data() : nullptr;
-  bag_of->resize(n);
-  coefficient->resize(n);
   for (int64_t b = 0; b < batch; ++b) {
     double divisor_sq = 0.0, divisor = 0.0;
     for (Split i = splits[b]; i < splits[b + 1]; ++i) {
       const double w = weights ? weights[i] : 1.0;
       divisor += w;
       divisor_sq += w * w;
-      (*bag_of)[i] = static_cast<int32_t>(b);
+      out->bag_of[i] = static_cast<int32_t>(b);
     }
     double scale = 1.0;
     if (combiner == Combiner::kMean) {
@@ -188,22 +199,20 @@ Status ComputeCoefficients(const Tensor& inverse_t, const Tensor& splits_t,
       scale = divisor_sq == 0.0 ? 0.0 : 1.0 / std::sqrt(divisor_sq);
     }
     for (Split i = splits[b]; i < splits[b + 1]; ++i) {
-      (*coefficient)[i] =
-          static_cast<float>((weights ? weights[i] : 1.0) * scale);
+      out->coefficient[i] = static_cast<float>((weights ? weights[i] : 1.0) * scale);
     }
   }
   return absl::OkStatus();
 }
 
 // The bag-gradient view of the ids (bag_gradients.h): ids grouped by unique
-// row, with their bag and coefficient.
-inline void BuildBagGradientIndex(const int32_t* inverse, int64_t n, int64_t num_unique,
-                                  const std::vector<int32_t>& bag_of,
-                                  const std::vector<float>& coefficient,
-                                  int64_t* segments, int32_t* bags, float* bag_weights) {
-  GroupByRow(inverse, n, num_unique, segments, [&](int64_t i, int64_t j) {
-    bags[j] = bag_of[i];
-    bag_weights[j] = coefficient[i];
+// row (of num_rows), with their bag and coefficient.
+inline void BuildBagGradientIndex(const int32_t* inverse, int64_t n, int64_t num_rows,
+                                  const Coefficients& c, int64_t* segments,
+                                  int32_t* bags, float* bag_weights) {
+  GroupByRow(inverse, n, num_rows, segments, [&](int64_t i, int64_t j) {
+    bags[j] = c.bag_of[i];
+    bag_weights[j] = c.coefficient[i];
   });
 }
 
@@ -224,18 +233,16 @@ class BagGradientIndexOp : public OpKernel {
     int64_t num_unique;
     OP_REQUIRES_OK(ctx, CheckRaggedInputs(inverse_t, splits_t, weights_t));
     OP_REQUIRES_OK(ctx, ReadNumUnique(num_unique_t, &num_unique));
-    std::vector<int32_t> bag_of;
-    std::vector<float> coefficient;
-    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(inverse_t, splits_t, weights_t,
-                                                   num_unique, combiner_, &bag_of,
-                                                   &coefficient));
+    Coefficients coefficients;
+    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(ctx, inverse_t, splits_t, weights_t,
+                                                   num_unique, combiner_, &coefficients));
     const int64_t n = inverse_t.NumElements();
     Tensor *segments_t, *bags_t, *weights_out_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique + 1}), &segments_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &bags_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &weights_out_t));
-    BuildBagGradientIndex(inverse_t.flat<int32_t>().data(), n, num_unique, bag_of,
-                          coefficient, segments_t->flat<int64_t>().data(),
+    BuildBagGradientIndex(inverse_t.flat<int32_t>().data(), n, num_unique, coefficients,
+                          segments_t->flat<int64_t>().data(),
                           bags_t->flat<int32_t>().data(),
                           weights_out_t->flat<float>().data());
   }
@@ -259,11 +266,11 @@ class EmbeddingCombineOp : public OpKernel {
     const Tensor& splits_t = ctx->input(2);
     const Tensor& weights_t = ctx->input(3);
     OP_REQUIRES_OK(ctx, CheckCombineInputs(rows_t, "rows", inverse_t, splits_t, weights_t));
-    std::vector<int32_t> bag_of;
-    std::vector<float> coefficient;
-    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(
-                            inverse_t, splits_t, weights_t, rows_t.dim_size(0),
-                            combiner_, &bag_of, &coefficient));
+    Coefficients coefficients;
+    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(ctx, inverse_t, splits_t, weights_t,
+                                                   rows_t.dim_size(0), combiner_,
+                                                   &coefficients));
+    const float* coefficient = coefficients.coefficient;
     const int64_t batch = splits_t.NumElements() - 1;
     const int64_t dim = rows_t.dim_size(1);
     Tensor* out_t = nullptr;
@@ -321,11 +328,11 @@ class CombineFromTablesOp : public OpKernel {
     OP_REQUIRES_OK(ctx, tables.Acquire(ctx, bases_));
     const int64_t dim = tables.dim();
     OP_REQUIRES_OK(ctx, CheckRaggedInputs(inverse_t, splits_t, weights_t));
-    std::vector<int32_t> bag_of;
-    std::vector<float> coefficient;
-    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(inverse_t, splits_t, weights_t,
+    Coefficients coefficients;
+    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(ctx, inverse_t, splits_t, weights_t,
                                                    rows_t.NumElements(), combiner_,
-                                                   &bag_of, &coefficient));
+                                                   &coefficients));
+    const float* coefficient = coefficients.coefficient;
     const Index* rows = rows_t.flat<Index>().data();
     const int32_t* inverse = inverse_t.flat<int32_t>().data();
     const int64_t n = inverse_t.NumElements();
@@ -406,31 +413,36 @@ class EmbeddingCombineGradOp : public OpKernel {
     int64_t num_unique;
     OP_REQUIRES_OK(ctx, CheckCombineGradInputs(grad_t, inverse_t, splits_t, weights_t,
                                                num_unique_t, &num_unique));
-    std::vector<int32_t> bag_of;
-    std::vector<float> coefficient;
-    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(inverse_t, splits_t,
-                                                   weights_t, num_unique,
-                                                   combiner_, &bag_of,
-                                                   &coefficient));
     const int64_t n = inverse_t.NumElements();
     const int64_t dim = grad_t.dim_size(1);
-    std::vector<int64_t> segments(num_unique + 1);
-    std::vector<int32_t> bags(n);
-    std::vector<float> bag_weights(n);
-    BuildBagGradientIndex(inverse_t.flat<int32_t>().data(), n, num_unique, bag_of,
-                          coefficient, segments.data(), bags.data(), bag_weights.data());
+    Coefficients coefficients;
+    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(ctx, inverse_t, splits_t, weights_t,
+                                                   num_unique, combiner_, &coefficients));
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique, dim}),
+                                             &out_t));
+    // Rows past the last one an id reads get zeros: only rows_read rows
+    // need a segment, so the scratch is no larger than the inputs however
+    // large num_unique is.
+    const int64_t rows_read = coefficients.rows_read;
+    Tensor segments_t, bags_t, bag_weights_t;
+    int64_t* segments;
+    int32_t* bags;
+    float* bag_weights;
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, rows_read + 1, &segments_t, &segments));
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, n, &bags_t, &bags));
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, n, &bag_weights_t, &bag_weights));
+    BuildBagGradientIndex(inverse_t.flat<int32_t>().data(), n, rows_read, coefficients,
+                          segments, bags, bag_weights);
     BagGradients<T> bag_grads;
     bag_grads.output_grad = grad_t.flat<T>().data();
     bag_grads.num_bags = grad_t.dim_size(0);
     bag_grads.dim = dim;
-    bag_grads.segments = segments.data();
-    bag_grads.num_rows = num_unique;
-    bag_grads.bags = bags.data();
-    bag_grads.weights = bag_weights.data();
+    bag_grads.segments = segments;
+    bag_grads.num_rows = rows_read;
+    bag_grads.bags = bags;
+    bag_grads.weights = bag_weights;
 
-    Tensor* out_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique, dim}),
-                                             &out_t));
     T* out = out_t->flat<T>().data();
     // Each output row is owned by one thread and summed without atomics,
     // in id order (deterministic).
@@ -438,8 +450,12 @@ class EmbeddingCombineGradOp : public OpKernel {
     ParallelFor(ctx, num_unique, cost, [&](int64_t k0, int64_t k1) {
       std::vector<float> acc(dim);
       for (int64_t k = k0; k < k1; ++k) {
-        bag_grads.Row(k, acc.data());
         T* o = out + k * dim;
+        if (k >= rows_read) {
+          std::fill_n(o, dim, static_cast<T>(0.0f));
+          continue;
+        }
+        bag_grads.Row(k, acc.data());
         for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
       }
     });

@@ -56,7 +56,9 @@ class GatherFromTablesOp : public OpKernel {
     const Index* rows = rows_t.flat<Index>().data();
     // Resolve every row to its table first: all errors are raised before
     // any output is written.
-    std::vector<int32_t> table_of(m);
+    Tensor table_of_t;
+    int32_t* table_of;
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, m, &table_of_t, &table_of));
     for (int64_t i = 0; i < m; ++i) {
       table_of[i] = tables.TableOf(rows[i]);
       OP_REQUIRES(ctx, table_of[i] >= 0,
@@ -118,7 +120,9 @@ class SplitRowsByTableOp : public OpKernel {
                                 rows_t.shape().DebugString()));
     const int64_t m = rows_t.NumElements();
     const Index* rows = rows_t.flat<Index>().data();
-    std::vector<int32_t> table_of(m);
+    Tensor table_of_t;
+    int32_t* table_of;
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, m, &table_of_t, &table_of));
     std::vector<int64_t> count(num_tables_, 0);
     for (int64_t i = 0; i < m; ++i) {
       OP_REQUIRES(ctx, rows[i] >= 0,

@@ -87,7 +87,14 @@ class PartitionByShardOp : public OpKernel {
         std::max<int64_t>(1, std::min<int64_t>(4 * NumWorkerThreads(ctx),
                                                n / 4096));
     const Blocks blocks{n, num_blocks};
-    std::vector<int64_t> histogram(num_blocks * num_shards, 0);
+    // Scratch from the context: num_shards is an input, and a count no
+    // memory can hold must be an error, not an exception.
+    Tensor histogram_t, offsets_t;
+    int64_t *histogram, *offsets;
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, num_blocks * num_shards, &histogram_t,
+                                        &histogram));
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, num_blocks * num_shards, &offsets_t, &offsets));
+    std::fill_n(histogram, num_blocks * num_shards, 0);
     ParallelFor(ctx, num_blocks, std::max<int64_t>(1, n / num_blocks) * 6,
                 [&](int64_t b0, int64_t b1) {
                   for (int64_t b = b0; b < b1; ++b) {
@@ -96,7 +103,6 @@ class PartitionByShardOp : public OpKernel {
                       ++h[shard_of(ids[i])];
                   }
                 });
-    std::vector<int64_t> offsets(histogram.size());
     int64_t running = 0;
     for (int32_t s = 0; s < num_shards; ++s) {
       const int64_t shard_begin = running;

@@ -68,22 +68,24 @@ class UniqueWithCountsOp : public OpKernel {
   void ComputeSequential(OpKernelContext* ctx, const Id* ids, int64_t n,
                          int32_t* inverse) {
     IdIndexMap<Id> map(n);
-    std::vector<Id> unique;
-    std::vector<int32_t> counts;
-    unique.reserve(n);
-    counts.reserve(n);
+    Tensor unique_t, counts_t;
+    Id* unique;
+    int32_t* counts;
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, n, &unique_t, &unique));
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, n, &counts_t, &counts));
+    int32_t num_unique = 0;
     for (int64_t i = 0; i < n; ++i) {
       bool inserted;
-      const int32_t k =
-          map.FindOrInsert(ids[i], static_cast<int32_t>(unique.size()), &inserted);
+      const int32_t k = map.FindOrInsert(ids[i], num_unique, &inserted);
       if (inserted) {
-        unique.push_back(ids[i]);
-        counts.push_back(0);
+        unique[k] = ids[i];
+        counts[k] = 0;
+        ++num_unique;
       }
       ++counts[k];
       inverse[i] = k;
     }
-    WriteOutputs(ctx, unique.data(), counts.data(), unique.size());
+    WriteOutputs(ctx, unique, counts, num_unique);
   }
 
   void ComputeParallel(OpKernelContext* ctx, const Id* ids, int64_t n,
@@ -119,7 +121,12 @@ class UniqueWithCountsOp : public OpKernel {
       }
     }
     partition_begin[num_partitions] = running;
-    std::vector<int32_t> by_partition(n);
+    Tensor by_partition_t, first_position_t, count_at_first_t;
+    int32_t *by_partition, *first_position, *count_at_first;
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, n, &by_partition_t, &by_partition));
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, n, &first_position_t, &first_position));
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, n, &count_at_first_t, &count_at_first));
+    std::fill_n(count_at_first, n, 0);
     ParallelFor(ctx, blocks.num_blocks, n / blocks.num_blocks * 8,
                 [&](int64_t b0, int64_t b1) {
                   for (int64_t b = b0; b < b1; ++b) {
@@ -130,8 +137,6 @@ class UniqueWithCountsOp : public OpKernel {
                 });
 
     // Per partition: the first position of each id, and its count there.
-    std::vector<int32_t> first_position(n);
-    std::vector<int32_t> count_at_first(n, 0);
     ParallelFor(
         ctx, num_partitions, n / num_partitions * 40, [&](int64_t p0, int64_t p1) {
           // One map for this worker's partitions, cleared between them.
@@ -158,7 +163,7 @@ class UniqueWithCountsOp : public OpKernel {
     // Number the first occurrences in order of appearance. The partition
     // order is no longer needed: its buffer holds the numbers (fresh
     // buffers cost a page fault per 4 KiB, a large share of this op).
-    std::vector<int32_t>& unique_index_at = by_partition;
+    int32_t* unique_index_at = by_partition;
     int32_t num_unique = 0;
     for (int64_t i = 0; i < n; ++i) {
       // Branch-free: whether an element is a first occurrence is random.

@@ -1,11 +1,18 @@
 """Every op, on the C++ kernels and on the pure-TF twins, against numpy."""
 
+import os
+import signal
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfde.ops
 from tests import oracles
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(tfde.__file__)))
 
 SEEDS = range(12)
 
@@ -604,3 +611,62 @@ def test_missing_library_falls_back_with_one_warning(tmp_path):
   last = out.strip().splitlines()[-1]
   assert last.startswith("reference 1 "), last
   assert "does not exist" in last
+
+
+# ------------------------------------- sizes past memory, in a fresh process
+
+_LIMITED_RUN = """
+import resource
+import tensorflow as tf
+import tfde.ops
+tf.constant(0) + 1  # TensorFlow's own set-up, before the limit
+status = next(l for l in open("/proc/self/status") if l.startswith("VmSize"))
+in_use = int(status.split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (in_use + {headroom} * 2**30, resource.RLIM_INFINITY))
+with tfde.ops.backend({backend!r}):
+  try:
+    result = {call}
+    print("RESULT", tuple(result.shape))
+  except tf.errors.OpError as e:
+    print("RAISED", type(e).__name__)
+"""
+
+
+def _run_with_memory_limit(backend, call, headroom_gib=4):
+  """Evaluates `call` in a fresh Python whose address space is limited to
+  what TensorFlow holds plus `headroom_gib`, so that an allocation past it
+  fails at once instead of taking the machine's memory. A process ended by
+  a signal (a segfault, an abort) fails the test instead of ending pytest.
+  Returns the last line printed: "RESULT <shape>" or "RAISED <error>"."""
+  code = _LIMITED_RUN.format(headroom=headroom_gib, backend=backend, call=call)
+  env = dict(os.environ, PYTHONPATH=_REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+  proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                        text=True, timeout=600, cwd=_REPO_ROOT)
+  if proc.returncode < 0:
+    pytest.fail(f"the process died of {signal.Signals(-proc.returncode).name}:\n"
+                f"{proc.stderr[-3000:]}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc.stdout.strip().splitlines()[-1]
+
+
+def test_combine_grad_of_more_rows_than_memory_is_an_error(op_backend):
+  """10**9 gradient rows (16 GB) past the limit: ResourceExhausted. (The
+  kernel's scratch was a std::vector of num_unique entries, whose bad_alloc
+  ended the process.)"""
+  call = ("tfde.ops.embedding_combine_grad(tf.ones([2, 4]), tf.constant([0, 1]), "
+          "tf.constant([0, 1, 2], tf.int64), None, 10**9)")
+  assert _run_with_memory_limit(op_backend, call) == "RAISED ResourceExhaustedError"
+
+
+def test_partition_into_more_shards_than_memory_is_an_error(op_backend):
+  call = "tfde.ops.partition_by_shard(tf.constant([1, 2], tf.int64), 2**31 - 1)"
+  assert _run_with_memory_limit(op_backend, call) == "RAISED ResourceExhaustedError"
+
+
+def test_dynamic_table_of_very_wide_rows(op_backend):
+  """Rows of 2**24 floats (64 MiB): the kernel's row store allocated 4096
+  rows at a time (256 GiB here) and its bad_alloc ended the process; now a
+  block holds as many rows as fit 64 MiB, at least one."""
+  call = ("tfde.ops.dynamic_store(tfde.ops.DynamicTableSpec(dim=2**24), 'wide').lookup("
+          "tf.constant([5], tf.int64), tf.constant([1], tf.int64), 1, insert=True)[0]")
+  assert _run_with_memory_limit(op_backend, call) == f"RESULT (1, {2**24})"
