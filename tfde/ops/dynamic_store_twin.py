@@ -17,8 +17,11 @@ from tensorflow.python.ops import resource_variable_ops
 from tfde.ops.checks import assert_that
 from tfde.ops.checks import first_index_where
 from tfde.ops.checks import first_repeat
+from tfde.ops.reference import ROW_UPDATES
 from tfde.ops.reference import dynamic_initial_values
 from tfde.ops.reference import embeddings_or_default
+from tfde.ops.reference import scalar_checks
+from tfde.ops.reference import select_rows
 
 
 def _check_unique_ids(ids):
@@ -140,7 +143,7 @@ class DynamicStoreTwin:
     row are skipped. With `by_address`, `ids` are row addresses: -1 is
     skipped, any other must be a live row. Returns how many rows changed."""
     ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
-    grad = _select_rows(tf.cast(grad, tf.float32), grad_rows)
+    grad = select_rows(tf.cast(grad, tf.float32), grad_rows)
     # In a TF1 graph nothing orders variable reads: read the table only
     # once the ids (which may come from this step's lookup) exist.
     with tf.control_dependencies([ids, grad]):
@@ -152,7 +155,7 @@ class DynamicStoreTwin:
                       " rows but there are ", n, " ids"),
               assert_that(tf.equal(tf.shape(grad)[1], self.spec.dim), "grad has width ",
                       tf.shape(grad)[1], " but the table has width ",
-                      str(self.spec.dim))] + _scalar_checks(kind, scalars)
+                      str(self.spec.dim))] + scalar_checks(kind, scalars)
     if by_address:
       size = tf.shape(self._keys, out_type=tf.int64)[0]
       has_row = tf.not_equal(ids, -1)

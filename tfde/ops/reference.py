@@ -180,7 +180,7 @@ def _f32(x):
   return tf.cast(x, tf.float32)
 
 
-def _select_rows(grad, grad_rows):
+def select_rows(grad, grad_rows):
   """grad[grad_rows] (checked), or grad itself when grad_rows is None."""
   if grad_rows is None:
     return grad
@@ -234,7 +234,7 @@ ROW_UPDATES = {"sgd": sgd_rows, "adagrad": adagrad_rows,
                "adam": lazy_adam_rows, "ftrl": ftrl_rows}
 
 
-def _scalar_checks(kind, scalars):
+def scalar_checks(kind, scalars):
   if kind == "adam":
     step = _f32(scalars[4])
     return [assert_that(step >= 1.0, "step must be >= 1 (1-based), got ", step)]
@@ -247,8 +247,8 @@ def _scalar_checks(kind, scalars):
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
   if isinstance(grad, BagGradients):
     grad = bag_gradients_dense(grad)
-  grad = _select_rows(grad, grad_rows)
-  checks = _update_checks(variables[0], indices, grad) + _scalar_checks(kind, scalars)
+  grad = select_rows(grad, grad_rows)
+  checks = _update_checks(variables[0], indices, grad) + scalar_checks(kind, scalars)
   with tf.control_dependencies(checks):
     rows = [tf.gather(v, indices) for v in variables]
     new_rows = ROW_UPDATES[kind](rows, grad, *scalars)
