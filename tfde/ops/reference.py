@@ -23,6 +23,26 @@ from tfde.ops.checks import first_repeat
 from tfde.ops.types import BagGradients  # noqa: F401 (sparse_apply takes one)
 
 
+def shape_string(shape):
+  """A static shape as the kernels' messages write one: [4,4], ? where
+  unknown."""
+  shape = tf.TensorShape(shape)
+  if shape.rank is None:
+    return "<unknown>"
+  return "[" + ",".join("?" if d is None else str(d) for d in shape.as_list()) + "]"
+
+
+def check_variables(variables):
+  """The kernels' check of the variables they read or update
+  (kernels/variables.h): float32 matrices. Raised at once: a variable's
+  dtype and rank are known before it is read."""
+  for v in variables:
+    if v.dtype != tf.float32 or v.shape.rank != 2:
+      raise tf.errors.InvalidArgumentError(
+          None, None, f"variable {v.name} must be a float32 matrix, got "
+          f"{v.dtype.name} {shape_string(v.shape)}")
+
+
 def _weights_or_ones(weights, n):
   if weights is None:
     return tf.ones([n], tf.float32)
@@ -245,6 +265,7 @@ def scalar_checks(kind, scalars):
 
 
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
+  check_variables(variables)
   if isinstance(grad, BagGradients):
     grad = bag_gradients_dense(grad)
   grad = select_rows(grad, grad_rows)
@@ -277,6 +298,7 @@ def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
 
 
 def gather_from_tables(tables, rows, bases):
+  check_variables(tables)
   rows = tf.convert_to_tensor(rows)
   count = len(tables)
   base = tf.constant([int(b) for b in bases], rows.dtype)
