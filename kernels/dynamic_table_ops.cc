@@ -595,7 +595,8 @@ REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableLookup").Device(DEVICE_CPU),
   .Input("table: resource")              \
   .Input("ids: int64")                   \
   .Input("grad: float")                  \
-  .Input("grad_rows: int32")             \
+  .Input("grad_rows: Tgrad_rows")        \
+  .Attr("Tgrad_rows: {int32, int64} = DT_INT32") \
   .Attr("by_address: bool = false")
 
 template <int kNumScalars>
@@ -662,7 +663,9 @@ class DynamicTableApplyOp : public OpKernel {
     const Tensor& grad_rows_t = ctx->input(3);
     bool select;
     OP_REQUIRES_OK(ctx, CheckUpdateInputs(ids_t, grad_t, grad_rows_t, "ids", &select));
-    OP_REQUIRES_OK(ctx, CheckGradRowsRange(grad_rows_t, grad_t.dim_size(0)));
+    Int32Indices grad_rows_32;
+    OP_REQUIRES_OK(ctx, ReadIndices(ctx, grad_rows_t, "grad_rows", grad_t.dim_size(0),
+                                    &grad_rows_32));
     const TableSpec& spec = table->spec();
     OP_REQUIRES(ctx, spec.num_slots == Update::kNumVars,
                 InvalidArgument("the table keeps ", spec.num_slots - 1,
@@ -672,7 +675,7 @@ class DynamicTableApplyOp : public OpKernel {
                 InvalidArgument("grad has width ", grad_t.dim_size(1),
                                 " but the table has width ", spec.dim));
     const int64_t n = ids_t.NumElements();
-    const int32_t* grad_rows = select ? grad_rows_t.flat<int32_t>().data() : nullptr;
+    const int32_t* grad_rows = select ? grad_rows_32.data : nullptr;
     const int64_t* ids = ids_t.flat<int64_t>().data();
     const char* what = by_address_ ? "addresses" : "ids";
     IdIndexMap<int64_t> seen(n);

@@ -24,12 +24,13 @@ namespace tfde {
 
 REGISTER_OP("TfdeEmbeddingCombine")
     .Input("rows: T")
-    .Input("inverse: int32")
+    .Input("inverse: Tinverse")
     .Input("row_splits: Tsplits")
     .Input("weights: float")
     .Output("output: T")
     .Attr("T: {float, half, bfloat16}")
     .Attr("Tsplits: {int32, int64}")
+    .Attr("Tinverse: {int32, int64} = DT_INT32")
     .Attr("combiner: {'sum', 'mean', 'sqrtn'}")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle rows, inverse, splits, weights;
@@ -49,13 +50,15 @@ row_splits[b]..row_splits[b+1]). An empty `weights` means every weight is 1.
 
 REGISTER_OP("TfdeEmbeddingCombineGrad")
     .Input("grad: T")
-    .Input("inverse: int32")
+    .Input("inverse: Tinverse")
     .Input("row_splits: Tsplits")
     .Input("weights: float")
-    .Input("num_unique: int32")
+    .Input("num_unique: Tnum_unique")
     .Output("unique_grad: T")
     .Attr("T: {float, half, bfloat16}")
     .Attr("Tsplits: {int32, int64}")
+    .Attr("Tinverse: {int32, int64} = DT_INT32")
+    .Attr("Tnum_unique: {int32, int64} = DT_INT32")
     .Attr("combiner: {'sum', 'mean', 'sqrtn'}")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle grad, unused;
@@ -75,14 +78,16 @@ gradient row per unique id (a segment sum over the ids that share it).
 )doc");
 
 REGISTER_OP("TfdeBagGradientIndex")
-    .Input("inverse: int32")
+    .Input("inverse: Tinverse")
     .Input("row_splits: Tsplits")
     .Input("weights: float")
-    .Input("num_unique: int32")
+    .Input("num_unique: Tnum_unique")
     .Output("segments: int64")
     .Output("bags: int32")
     .Output("bag_weights: float")
     .Attr("Tsplits: {int32, int64}")
+    .Attr("Tinverse: {int32, int64} = DT_INT32")
+    .Attr("Tnum_unique: {int32, int64} = DT_INT32")
     .Attr("combiner: {'sum', 'mean', 'sqrtn'}")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle inverse, unused;
@@ -108,7 +113,7 @@ FromBags variants take it instead of a gradient matrix.
 REGISTER_OP("TfdeCombineFromTables")
     .Input("tables: num_tables * resource")
     .Input("rows: Tindices")
-    .Input("inverse: int32")
+    .Input("inverse: Tinverse")
     .Input("row_splits: Tsplits")
     .Input("weights: float")
     .Output("output: float")
@@ -116,6 +121,7 @@ REGISTER_OP("TfdeCombineFromTables")
     .Attr("bases: list(int)")
     .Attr("Tindices: {int32, int64}")
     .Attr("Tsplits: {int32, int64}")
+    .Attr("Tinverse: {int32, int64} = DT_INT32")
     .Attr("combiner: {'sum', 'mean', 'sqrtn'}")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       int num_tables;
@@ -140,10 +146,10 @@ TfdeGatherFromTables(tables, rows), without writing the gathered rows.
 // Each id's sample (bag) and coefficient w_i / divisor(bag), in scratch
 // memory from the context.
 struct Coefficients {
+  Int32Indices inverse;  // checked, as int32; inverse.end: the rows the ids read
   Tensor bag_of_t, coefficient_t;
   int32_t* bag_of = nullptr;
   float* coefficient = nullptr;
-  int64_t rows_read = 0;  // max(inverse) + 1: the rows the ids read
 };
 
 // Validates the ragged structure shared by the combine ops and computes,
@@ -171,16 +177,7 @@ Status ComputeCoefficients(OpKernelContext* ctx, const Tensor& inverse_t,
                            " must equal the number of ids, ", n);
   }
   const int64_t num_weights = weights_t.NumElements();
-  const int32_t* inverse = inverse_t.flat<int32_t>().data();
-  int32_t max_inverse = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (inverse[i] < 0 || inverse[i] >= num_rows) {
-      return InvalidArgument("inverse[", i, "] = ", inverse[i],
-                             " is out of range [0, ", num_rows, ")");
-    }
-    max_inverse = std::max(max_inverse, inverse[i]);
-  }
-  out->rows_read = static_cast<int64_t>(max_inverse) + 1;
+  TF_RETURN_IF_ERROR(ReadIndices(ctx, inverse_t, "inverse", num_rows, &out->inverse));
   TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->bag_of_t, &out->bag_of));
   TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->coefficient_t, &out->coefficient));
   const float* weights = num_weights ? weights_t.flat<float>().data() : nullptr;
@@ -205,12 +202,11 @@ Status ComputeCoefficients(OpKernelContext* ctx, const Tensor& inverse_t,
   return absl::OkStatus();
 }
 
-// The bag-gradient view of the ids (bag_gradients.h): ids grouped by unique
-// row (of num_rows), with their bag and coefficient.
-inline void BuildBagGradientIndex(const int32_t* inverse, int64_t n, int64_t num_rows,
-                                  const Coefficients& c, int64_t* segments,
-                                  int32_t* bags, float* bag_weights) {
-  GroupByRow(inverse, n, num_rows, segments, [&](int64_t i, int64_t j) {
+// The bag-gradient view of the n ids (bag_gradients.h): ids grouped by
+// unique row (of num_rows), with their bag and coefficient.
+inline void BuildBagGradientIndex(const Coefficients& c, int64_t n, int64_t num_rows,
+                                  int64_t* segments, int32_t* bags, float* bag_weights) {
+  GroupByRow(c.inverse.data, n, num_rows, segments, [&](int64_t i, int64_t j) {
     bags[j] = c.bag_of[i];
     bag_weights[j] = c.coefficient[i];
   });
@@ -241,8 +237,7 @@ class BagGradientIndexOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique + 1}), &segments_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &bags_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &weights_out_t));
-    BuildBagGradientIndex(inverse_t.flat<int32_t>().data(), n, num_unique, coefficients,
-                          segments_t->flat<int64_t>().data(),
+    BuildBagGradientIndex(coefficients, n, num_unique, segments_t->flat<int64_t>().data(),
                           bags_t->flat<int32_t>().data(),
                           weights_out_t->flat<float>().data());
   }
@@ -276,7 +271,7 @@ class EmbeddingCombineOp : public OpKernel {
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, dim}), &out_t));
     const T* rows = rows_t.flat<T>().data();
-    const int32_t* inverse = inverse_t.flat<int32_t>().data();
+    const int32_t* inverse = coefficients.inverse.data;
     const Split* splits = splits_t.flat<Split>().data();
     T* out = out_t->flat<T>().data();
     const int64_t n = inverse_t.NumElements();
@@ -334,7 +329,7 @@ class CombineFromTablesOp : public OpKernel {
                                                    &coefficients));
     const float* coefficient = coefficients.coefficient;
     const Index* rows = rows_t.flat<Index>().data();
-    const int32_t* inverse = inverse_t.flat<int32_t>().data();
+    const int32_t* inverse = coefficients.inverse.data;
     const int64_t n = inverse_t.NumElements();
     const Split* splits = splits_t.flat<Split>().data();
     const int64_t batch = splits_t.NumElements() - 1;
@@ -421,10 +416,11 @@ class EmbeddingCombineGradOp : public OpKernel {
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique, dim}),
                                              &out_t));
+    if (out_t->NumElements() == 0) return;
     // Rows past the last one an id reads get zeros: only rows_read rows
     // need a segment, so the scratch is no larger than the inputs however
     // large num_unique is.
-    const int64_t rows_read = coefficients.rows_read;
+    const int64_t rows_read = coefficients.inverse.end;
     Tensor segments_t, bags_t, bag_weights_t;
     int64_t* segments;
     int32_t* bags;
@@ -432,8 +428,7 @@ class EmbeddingCombineGradOp : public OpKernel {
     OP_REQUIRES_OK(ctx, AllocateScratch(ctx, rows_read + 1, &segments_t, &segments));
     OP_REQUIRES_OK(ctx, AllocateScratch(ctx, n, &bags_t, &bags));
     OP_REQUIRES_OK(ctx, AllocateScratch(ctx, n, &bag_weights_t, &bag_weights));
-    BuildBagGradientIndex(inverse_t.flat<int32_t>().data(), n, rows_read, coefficients,
-                          segments, bags, bag_weights);
+    BuildBagGradientIndex(coefficients, n, rows_read, segments, bags, bag_weights);
     BagGradients<T> bag_grads;
     bag_grads.output_grad = grad_t.flat<T>().data();
     bag_grads.num_bags = grad_t.dim_size(0);

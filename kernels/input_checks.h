@@ -40,12 +40,67 @@ inline Status CheckIdVector(const Tensor& ids, const char* name = "ids") {
   return absl::OkStatus();
 }
 
-inline Status ReadNumShards(const Tensor& t, int32_t* num_shards) {
+// A scalar input of an index type (int32 or int64, as its op's attribute
+// allows), read without narrowing.
+inline Status ReadIndexScalar(const Tensor& t, const char* name, int64_t* out) {
   if (!TensorShapeUtils::IsScalar(t.shape())) {
-    return InvalidArgument("num_shards must be a scalar, got shape ", t.shape().DebugString());
+    return InvalidArgument(name, " must be a scalar, got shape ", t.shape().DebugString());
   }
-  *num_shards = t.scalar<int32_t>()();
-  if (*num_shards <= 0) return InvalidArgument("num_shards must be positive, got ", *num_shards);
+  *out = t.dtype() == tensorflow::DT_INT64 ? t.scalar<int64_t>()()
+                                           : static_cast<int64_t>(t.scalar<int32_t>()());
+  return absl::OkStatus();
+}
+
+inline Status ReadNumShards(const Tensor& t, int32_t* num_shards) {
+  int64_t value;
+  TF_RETURN_IF_ERROR(ReadIndexScalar(t, "num_shards", &value));
+  if (value <= 0) return InvalidArgument("num_shards must be positive, got ", value);
+  if (value > std::numeric_limits<int32_t>::max()) {
+    return InvalidArgument("num_shards = ", value, " is too large; at most 2^31 - 1 shards");
+  }
+  *num_shards = static_cast<int32_t>(value);
+  return absl::OkStatus();
+}
+
+// An index vector (int32 or int64, as its op's attribute allows) as int32:
+// every value is checked to lie in [0, bound) first, so an int64 value is
+// never wrapped. An int32 input is read in place, an int64 one narrowed into
+// scratch. The ops address at most 2^31 rows, so bound is at most 2^31.
+struct Int32Indices {
+  const int32_t* data = nullptr;
+  int64_t end = 0;  // the largest value + 1 (0 when there are none)
+  Tensor narrowed;  // the int32 copy of an int64 input
+};
+
+template <typename Index>
+Status CheckIndexRange(const Index* values, int64_t n, const char* name, int64_t bound,
+                       int64_t* end) {
+  bound = std::min<int64_t>(bound, int64_t{1} << 31);
+  Index largest = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (values[i] < 0 || values[i] >= bound) {
+      return InvalidArgument(name, "[", i, "] = ", values[i], " is out of range [0, ", bound,
+                             ")");
+    }
+    largest = std::max(largest, values[i]);
+  }
+  *end = static_cast<int64_t>(largest) + 1;
+  return absl::OkStatus();
+}
+
+inline Status ReadIndices(OpKernelContext* ctx, const Tensor& t, const char* name,
+                          int64_t bound, Int32Indices* out) {
+  const int64_t n = t.NumElements();
+  if (t.dtype() == tensorflow::DT_INT32) {
+    out->data = t.flat<int32_t>().data();
+    return CheckIndexRange(out->data, n, name, bound, &out->end);
+  }
+  const int64_t* wide = t.flat<int64_t>().data();
+  TF_RETURN_IF_ERROR(CheckIndexRange(wide, n, name, bound, &out->end));
+  int32_t* narrow;
+  TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->narrowed, &narrow));
+  for (int64_t i = 0; i < n; ++i) narrow[i] = static_cast<int32_t>(wide[i]);
+  out->data = narrow;
   return absl::OkStatus();
 }
 
@@ -92,10 +147,7 @@ inline Status CheckCombineInputs(const Tensor& table_like, const char* name,
 
 // The number of unique rows a combine's gradient produces.
 inline Status ReadNumUnique(const Tensor& num_unique_t, int64_t* num_unique) {
-  if (!TensorShapeUtils::IsScalar(num_unique_t.shape())) {
-    return InvalidArgument("num_unique must be a scalar");
-  }
-  *num_unique = num_unique_t.scalar<int32_t>()();
+  TF_RETURN_IF_ERROR(ReadIndexScalar(num_unique_t, "num_unique", num_unique));
   if (*num_unique < 0) return InvalidArgument("num_unique must be >= 0, got ", *num_unique);
   return absl::OkStatus();
 }
@@ -146,18 +198,6 @@ inline Status CheckUpdateInputs(const Tensor& ids, const Tensor& grad, const Ten
     return InvalidArgument("grad must be a matrix, got shape ", grad.shape().DebugString());
   }
   return CheckUpdateInputs(ids, grad.dim_size(0), grad_rows, what, select);
-}
-
-// grad_rows in host memory (CPU kernels): every entry a row of grad.
-inline Status CheckGradRowsRange(const Tensor& grad_rows, int64_t grad_num_rows) {
-  const int32_t* rows = grad_rows.flat<int32_t>().data();
-  for (int64_t i = 0; i < grad_rows.NumElements(); ++i) {
-    if (rows[i] < 0 || rows[i] >= grad_num_rows) {
-      return InvalidArgument("grad_rows[", i, "] = ", rows[i], " is out of range [0, ",
-                             grad_num_rows, ")");
-    }
-  }
-  return absl::OkStatus();
 }
 
 // A sparse update's row indices in host memory: each in [0, num_rows) and

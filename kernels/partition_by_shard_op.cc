@@ -13,11 +13,12 @@ namespace tfde {
 
 REGISTER_OP("TfdePartitionByShard")
     .Input("ids: T")
-    .Input("num_shards: int32")
+    .Input("num_shards: Tnum_shards")
     .Output("local_ids: T")
     .Output("shard_counts: int32")
     .Output("positions: int32")
     .Attr("T: {int32, int64}")
+    .Attr("Tnum_shards: {int32, int64} = DT_INT32")
     .Attr("dynamic: bool = false")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle ids, num_shards;

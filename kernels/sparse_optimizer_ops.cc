@@ -74,9 +74,10 @@ Status SparseApplyShape(shape_inference::InferenceContext* c, int num_vars,
       VARS                                                                       \
       .Input("indices: Tindices")                                                \
       GRAD_INPUTS                                                                \
-      .Input("grad_rows: int32")                                                 \
+      .Input("grad_rows: Tgrad_rows")                                            \
       SCALARS                                                                    \
       .Attr("Tindices: {int32, int64}")                                          \
+      .Attr("Tgrad_rows: {int32, int64} = DT_INT32")                             \
       .SetShapeFn([](shape_inference::InferenceContext* c) {                     \
         return SparseApplyShape(c, num_vars, from_bags, num_scalars);            \
       })                                                                         \
@@ -178,9 +179,11 @@ class SparseApplyOp : public OpKernel {
     bool select;
     OP_REQUIRES_OK(ctx, CheckUpdateInputs(indices_t, grads.num_rows, grad_rows_t, "indices",
                                           &select));
-    OP_REQUIRES_OK(ctx, CheckGradRowsRange(grad_rows_t, grads.num_rows));
+    Int32Indices grad_rows_32;
+    OP_REQUIRES_OK(ctx, ReadIndices(ctx, grad_rows_t, "grad_rows", grads.num_rows,
+                                    &grad_rows_32));
     const int64_t n = indices_t.NumElements();
-    const int32_t* grad_rows = select ? grad_rows_t.flat<int32_t>().data() : nullptr;
+    const int32_t* grad_rows = select ? grad_rows_32.data : nullptr;
     for (int64_t i = 0; i < n; ++i) {
       OP_REQUIRES_OK(ctx, grads.CheckRow(grad_rows ? grad_rows[i] : i));
     }

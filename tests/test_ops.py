@@ -695,3 +695,95 @@ def test_tables_of_another_dtype_are_refused(op_backend, dtype):
   for line in _run_in_fresh_process(op_backend, calls):
     assert line.startswith("RAISED InvalidArgumentError"), line
     assert f"must be a float32 matrix, got {dtype} [4,4]" in line, line
+
+
+# ----------------------------------------------- index dtypes, never wrapped
+
+
+def test_combine_refuses_an_int64_inverse_past_int32(op_backend):
+  """2**32 + 1 was cast to int32 and read row 1."""
+  rows = tf.constant([[1.0], [2.0]])
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"inverse\[\D*1\D*\] =\D*4294967297\D*out of range"):
+    tfde.ops.embedding_combine(rows, tf.constant([0, 2**32 + 1], tf.int64),
+                               tf.constant([0, 2], tf.int64))
+
+
+def test_int64_indices_in_range_are_accepted(op_backend):
+  """Every index input takes int64 values as they are."""
+  rows = tf.constant([[1.0], [2.0], [4.0]])
+  splits = tf.constant([0, 2, 3], tf.int64)
+  inverse = tf.constant([2, 0, 1], tf.int64)
+  out = tfde.ops.embedding_combine(rows, inverse, splits)
+  np.testing.assert_array_equal(out.numpy().ravel(), [5.0, 2.0])
+  grad = tfde.ops.embedding_combine_grad(tf.constant([[1.0], [10.0]]), inverse, splits,
+                                         None, tf.constant(3, tf.int64))
+  np.testing.assert_array_equal(grad.numpy().ravel(), [1.0, 10.0, 1.0])
+  bags = tfde.ops.bag_gradients(tf.constant([[1.0], [10.0]]), inverse, splits, None,
+                                tf.constant(3, tf.int64))
+  np.testing.assert_array_equal(tfde.ops.bag_gradients_dense(bags).numpy().ravel(),
+                                [1.0, 10.0, 1.0])
+  table = tf.Variable(tf.zeros([3, 1]))
+  out = tfde.ops.combine_from_tables([table], tf.constant([0, 1, 2], tf.int64), [0],
+                                     inverse, splits)
+  np.testing.assert_array_equal(out.numpy().ravel(), [0.0, 0.0])
+  tfde.ops.sparse_apply_sgd(table, tf.constant([2, 0], tf.int64), tf.constant([[1.0], [2.0]]),
+                            1.0, grad_rows=tf.constant([1, 0], tf.int64))
+  np.testing.assert_array_equal(table.numpy().ravel(), [-1.0, 0.0, -2.0])
+  _, counts, _ = tfde.ops.partition_by_shard(tf.constant([1, 2, 3], tf.int64),
+                                             tf.constant(2, tf.int64))
+  np.testing.assert_array_equal(counts.numpy(), [1, 2])
+
+
+def test_combine_grad_keeps_an_int64_num_unique(op_backend):
+  """num_unique = 2**32 + 2 was cast to int32 and gave 2 rows."""
+  grad = tfde.ops.embedding_combine_grad(tf.ones([2, 0]), tf.constant([0, 1]),
+                                         tf.constant([0, 1, 2], tf.int64), None, 2**32 + 2)
+  assert tuple(grad.shape) == (2**32 + 2, 0)
+
+
+def test_partition_refuses_more_shards_than_int32(op_backend):
+  """num_shards = 2**32 + 2 was cast to int32 and gave 2 shards."""
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"num_shards = 4294967298 is too large"):
+    tfde.ops.partition_by_shard(tf.constant([1, 2, 3], tf.int64), 2**32 + 2)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_update_refuses_an_int64_grad_row_past_int32(op_backend, kind):
+  hp = OPTIMIZERS[kind]
+  table = tf.Variable(tf.ones([4, 2]))
+  slots = _make_slots(kind, (4, 2), hp)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"grad_rows\[\D*1\D*\] =\D*4294967296\D*out of range"):
+    tfde.ops.sparse_apply(kind, [table] + slots, tf.constant([1, 2]), tf.ones([2, 2]),
+                          [hp[k] for k in ["learning_rate", "beta_1", "beta_2", "epsilon"]
+                           if k in hp] + ([1] if kind == "adam" else []),
+                          grad_rows=tf.constant([0, 2**32], tf.int64))
+  np.testing.assert_array_equal(table.numpy(), 1)
+
+
+@pytest.mark.parametrize("name,call", [
+    ("inverse", lambda: tfde.ops.embedding_combine(
+        tf.ones([2, 1]), [0.0, 1.7], tf.constant([0, 2], tf.int64))),
+    ("inverse", lambda: tfde.ops.embedding_combine_grad(
+        tf.ones([1, 1]), tf.constant([0.0]), tf.constant([0, 1], tf.int64), None, 1)),
+    ("num_unique", lambda: tfde.ops.embedding_combine_grad(
+        tf.ones([1, 1]), [0], tf.constant([0, 1], tf.int64), None, 1.0)),
+    ("num_unique", lambda: tfde.ops.bag_gradients(
+        tf.ones([1, 1]), [0], tf.constant([0, 1], tf.int64), None, 1.5)),
+    ("num_shards", lambda: tfde.ops.partition_by_shard(tf.constant([1], tf.int64), 2.0)),
+    ("ids", lambda: tfde.ops.unique_with_counts([1.0, 2.0])),
+    ("rows", lambda: tfde.ops.gather_from_tables([tf.Variable(tf.ones([2, 1]))], [0.5], [0])),
+    ("rows", lambda: tfde.ops.split_rows_by_table([0.5], [0])),
+    ("indices", lambda: tfde.ops.sparse_apply_sgd(tf.Variable(tf.ones([2, 1])), [0.0],
+                                                  tf.ones([1, 1]), 0.1)),
+    ("grad_rows", lambda: tfde.ops.sparse_apply_sgd(
+        tf.Variable(tf.ones([2, 1])), [0], tf.ones([1, 1]), 0.1, grad_rows=[0.0])),
+    ("ids", lambda: tfde.ops.dynamic_store(tfde.ops.DynamicTableSpec(dim=1), "float_ids")
+     .lookup([1.5], [1], 1, insert=True)),
+])
+def test_float_indices_are_a_type_error(op_backend, name, call):
+  """A float index was cast (truncated): now a TypeError naming it."""
+  with pytest.raises(TypeError, match=f"{name} must be an int32 or int64 tensor"):
+    call()

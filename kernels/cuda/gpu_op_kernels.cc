@@ -485,17 +485,20 @@ TFDE_REGISTER_ID_KERNELS(int32_t)
 TFDE_REGISTER_ID_KERNELS(int64_t)
 #undef TFDE_REGISTER_ID_KERNELS
 
+// The launchers read an int32 inverse; an int64 one runs on the CPU kernel.
 #define TFDE_REGISTER_COMBINE(T, Split)                                    \
   REGISTER_KERNEL_BUILDER(Name("TfdeEmbeddingCombine")                     \
                               .Device(DEVICE_GPU)                          \
                               .TypeConstraint<T>("T")                      \
-                              .TypeConstraint<Split>("Tsplits"),           \
+                              .TypeConstraint<Split>("Tsplits")            \
+                              .TypeConstraint<int32_t>("Tinverse"),        \
                           EmbeddingCombineGpuOp<T, Split>);                \
   REGISTER_KERNEL_BUILDER(Name("TfdeEmbeddingCombineGrad")                 \
                               .Device(DEVICE_GPU)                          \
                               .HostMemory("num_unique")                    \
                               .TypeConstraint<T>("T")                      \
-                              .TypeConstraint<Split>("Tsplits"),           \
+                              .TypeConstraint<Split>("Tsplits")            \
+                              .TypeConstraint<int32_t>("Tinverse"),        \
                           EmbeddingCombineGradGpuOp<T, Split>);
 #define TFDE_REGISTER_COMBINE_ALL_SPLITS(T) \
   TFDE_REGISTER_COMBINE(T, int32_t)         \
@@ -512,7 +515,8 @@ TFDE_REGISTER_COMBINE_ALL_SPLITS(Eigen::bfloat16)
                               .Device(DEVICE_GPU)                             \
                               .HostMemory("learning_rate")                    \
                               __VA_ARGS__                                     \
-                              .TypeConstraint<Index>("Tindices"),             \
+                              .TypeConstraint<Index>("Tindices")              \
+                              .TypeConstraint<int32_t>("Tgrad_rows"),         \
                           SparseApplyGpuOp<Index, Update>);
 #define TFDE_REGISTER_APPLY_ALL(op_name, Update, ...)        \
   TFDE_REGISTER_APPLY(op_name, Update, int32_t, __VA_ARGS__) \

@@ -5,6 +5,9 @@ bad value, raised eagerly at once and in graphs as Assert ops.
 >>> from tfde.ops import checks
 >>> checks.first_index_where(tf.constant([False, True, True])).numpy().tolist()
 [1]
+>>> checks.index_tensor([0.0, 1.7], "inverse")
+Traceback (most recent call last):
+TypeError: inverse must be an int32 or int64 tensor, got float32
 >>> try:
 ...   checks.assert_that(tf.constant(False), "id ", tf.constant([7]), " is bad")
 ... except tf.errors.InvalidArgumentError as e:
@@ -38,6 +41,16 @@ def assert_that(condition, *parts):
           None, None, message(parts).numpy().decode())
     return tf.no_op()
   return tf.debugging.Assert(condition, [message(parts)])
+
+
+def index_tensor(value, name):
+  """`value` as a tensor of an index dtype, int32 or int64; any other dtype
+  is a TypeError naming `name`, never a cast (a float index would be
+  truncated, a wider one wrapped)."""
+  tensor = tf.convert_to_tensor(value)
+  if tensor.dtype not in (tf.int32, tf.int64):
+    raise TypeError(f"{name} must be an int32 or int64 tensor, got {tensor.dtype.name}")
+  return tensor
 
 
 def first_index_where(mask):

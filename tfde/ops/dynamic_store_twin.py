@@ -17,6 +17,7 @@ from tensorflow.python.ops import resource_variable_ops
 from tfde.ops.checks import assert_that
 from tfde.ops.checks import first_index_where
 from tfde.ops.checks import first_repeat
+from tfde.ops.checks import index_tensor
 from tfde.ops.reference import ROW_UPDATES
 from tfde.ops.reference import dynamic_initial_values
 from tfde.ops.reference import embeddings_or_default
@@ -29,6 +30,11 @@ def _check_unique_ids(ids):
   return assert_that(tf.equal(tf.size(repeat), 0), "ids[", repeat, "] = ",
                  tf.gather(ids, repeat), " repeats ids[", tf.gather(earlier, repeat),
                  "]; sum the gradients of an id before applying them")
+
+
+def _int64(value, name):
+  """An integer input, widened to int64 (a float is a TypeError)."""
+  return tf.cast(index_tensor(value, name), tf.int64)
 
 
 def _find(table, keys):
@@ -97,12 +103,12 @@ class DynamicStoreTwin:
     """(rows of `ids`, the addresses of their rows after the lookup, -1 for
     ids without a row). With `insert`, each id counts `counts[i]` sightings
     at `step` and may be admitted."""
-    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    ids = tf.reshape(_int64(ids, "ids"), [-1])
     if not insert:
       return self._embeddings_of(ids), _find(self._index, ids)
-    step = tf.cast(step, tf.int64)
+    step = _int64(step, "step")
     unique, inverse = tf.unique(ids, out_idx=tf.int32)
-    seen_now = tf.math.unsorted_segment_sum(tf.cast(counts, tf.int64), inverse,
+    seen_now = tf.math.unsorted_segment_sum(_int64(counts, "counts"), inverse,
                                             tf.size(unique))
     rows = _find(self._index, unique)
     present = rows >= 0
@@ -142,7 +148,7 @@ class DynamicStoreTwin:
     """Applies `kind`'s update to the rows of `ids` (unique); ids without a
     row are skipped. With `by_address`, `ids` are row addresses: -1 is
     skipped, any other must be a live row. Returns how many rows changed."""
-    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    ids = tf.reshape(_int64(ids, "ids"), [-1])
     grad = select_rows(tf.cast(grad, tf.float32), grad_rows)
     # In a TF1 graph nothing orders variable reads: read the table only
     # once the ids (which may come from this step's lookup) exist.
@@ -217,7 +223,7 @@ class DynamicStoreTwin:
 
   def evict(self, step, max_unseen_steps, max_rows):
     """The kernel's eviction rules; returns the evicted ids, sorted."""
-    step = tf.cast(step, tf.int64)
+    step = _int64(step, "step")
     # Each variable read once, before any write (see lookup).
     keys, last = tf.convert_to_tensor(self._keys), tf.convert_to_tensor(self._last)
     counts, values = tf.convert_to_tensor(self._counts), tf.convert_to_tensor(self._values)

@@ -20,6 +20,7 @@ from tensorflow.python.ops import gen_resource_variable_ops
 from tfde.ops.checks import assert_that
 from tfde.ops.checks import first_index_where
 from tfde.ops.checks import first_repeat
+from tfde.ops.checks import index_tensor
 from tfde.ops.types import BagGradients  # noqa: F401 (sparse_apply takes one)
 
 
@@ -52,16 +53,27 @@ def _weights_or_ones(weights, n):
                  lambda: weights)
 
 
+# Index inputs stay int32 or int64 as given (stock ops take either); no
+# value is narrowed.
+
+
 def unique_with_counts(ids):
-  ids = tf.convert_to_tensor(ids)
+  ids = index_tensor(ids, "ids")
   return tf.unique_with_counts(tf.reshape(ids, [-1]), out_idx=tf.int32)
 
 
+def _scalar_check(value, name):
+  return assert_that(tf.equal(tf.rank(value), 0), name, " must be a scalar, got shape ",
+                     tf.shape(value))
+
+
 def partition_by_shard(ids, num_shards, dynamic=False):
-  ids = tf.convert_to_tensor(ids)
-  num_shards = tf.cast(num_shards, tf.int32)
-  checks = [assert_that(num_shards > 0, "num_shards must be positive, got ",
-                    num_shards)]
+  ids = index_tensor(ids, "ids")
+  num_shards = index_tensor(num_shards, "num_shards")
+  checks = [_scalar_check(num_shards, "num_shards"),
+            assert_that(num_shards > 0, "num_shards must be positive, got ", num_shards),
+            assert_that(tf.cast(num_shards, tf.int64) <= 2**31 - 1, "num_shards = ",
+                        num_shards, " is too large; at most 2^31 - 1 shards")]
   if not dynamic:
     bad = first_index_where(ids < 0)
     checks.append(assert_that(tf.equal(tf.size(bad), 0), "ids[", bad, "] = ",
@@ -69,6 +81,7 @@ def partition_by_shard(ids, num_shards, dynamic=False):
                           " is negative; a static table has rows "
                           "0..vocabulary_size-1"))
   with tf.control_dependencies(checks):
+    num_shards = tf.cast(num_shards, tf.int32)
     n = tf.cast(num_shards, ids.dtype)
     shard = tf.cast(tf.math.floormod(ids, n), tf.int32)
     order = tf.argsort(shard, stable=True)
@@ -98,7 +111,8 @@ def _ragged_checks(inverse, row_splits, weights, num_rows):
         tf.logical_or(tf.equal(num_weights, 0), tf.equal(num_weights, n)),
         "weights has ", num_weights, " elements but there are ", n,
         " ids; pass one weight per id or none"))
-  bad = first_index_where((inverse < 0) | (inverse >= num_rows))
+  bad = first_index_where((inverse < 0) |
+                          (tf.cast(inverse, tf.int64) >= tf.cast(num_rows, tf.int64)))
   checks.append(assert_that(tf.equal(tf.size(bad), 0), "inverse[", bad, "] = ",
                         tf.gather(inverse, bad), " is out of range [0, ",
                         num_rows, ")"))
@@ -123,7 +137,7 @@ def combine_coefficients(row_splits, weights, n, combiner):
 
 def embedding_combine(rows, inverse, row_splits, weights=None, combiner="sum"):
   rows = tf.convert_to_tensor(rows)
-  inverse = tf.cast(inverse, tf.int32)
+  inverse = index_tensor(inverse, "inverse")
   row_splits = tf.convert_to_tensor(row_splits)
   checks = _ragged_checks(inverse, row_splits, weights, tf.shape(rows)[0])
   with tf.control_dependencies(checks):
@@ -137,20 +151,25 @@ def embedding_combine(rows, inverse, row_splits, weights=None, combiner="sum"):
 
 def _checked_coefficients(inverse, row_splits, weights, num_unique, combiner):
   """(inverse, each id's sample, each id's coefficient), after the checks of
-  the combine's gradient inputs."""
-  inverse = tf.cast(inverse, tf.int32)
+  the combine's gradient inputs. The inverse comes back in num_unique's
+  dtype: stock ops that count segments (unsorted_segment_sum, bincount) take
+  the segment count in the ids' dtype, and unsorted_segment_sum wraps an
+  int64 count to an int32 one."""
+  inverse = index_tensor(inverse, "inverse")
   row_splits = tf.convert_to_tensor(row_splits)
-  checks = _ragged_checks(inverse, row_splits, weights, tf.cast(num_unique, tf.int32))
+  checks = [_scalar_check(num_unique, "num_unique"),
+            assert_that(num_unique >= 0, "num_unique must be >= 0, got ", num_unique)]
+  checks += _ragged_checks(inverse, row_splits, weights, num_unique)
   with tf.control_dependencies(checks):
     bag_of, coefficient = combine_coefficients(row_splits, weights, tf.size(inverse),
                                                combiner)
-    return tf.identity(inverse), bag_of, coefficient
+    return tf.cast(inverse, num_unique.dtype), bag_of, coefficient
 
 
 def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
                            combiner="sum"):
   grad = tf.convert_to_tensor(grad)
-  num_unique = tf.cast(num_unique, tf.int32)
+  num_unique = index_tensor(num_unique, "num_unique")
   inverse, segment_ids, coefficient = _checked_coefficients(inverse, row_splits, weights,
                                                             num_unique, combiner)
   per_id = tf.cast(tf.gather(grad, segment_ids), tf.float32) * coefficient[:, None]
@@ -158,9 +177,8 @@ def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
   return tf.cast(out, grad.dtype)
 
 
-
 def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum"):
-  num_unique = tf.cast(num_unique, tf.int32)
+  num_unique = index_tensor(num_unique, "num_unique")
   inverse, bag_of, coefficient = _checked_coefficients(inverse, row_splits, weights,
                                                        num_unique, combiner)
   order = tf.argsort(inverse, stable=True)
@@ -177,7 +195,7 @@ def bag_gradients_dense(grads):
 
 def _update_checks(var, indices, grad):
   """Range and duplicate checks that must pass before any write."""
-  indices = tf.convert_to_tensor(indices)
+  indices = index_tensor(indices, "indices")
   num_rows = tf.cast(tf.shape(var)[0], indices.dtype)
   n = tf.size(indices, out_type=tf.int32)
   bad = first_index_where((indices < 0) | (indices >= num_rows))
@@ -204,8 +222,9 @@ def select_rows(grad, grad_rows):
   """grad[grad_rows] (checked), or grad itself when grad_rows is None."""
   if grad_rows is None:
     return grad
-  grad_rows = tf.cast(grad_rows, tf.int32)
-  bad = first_index_where((grad_rows < 0) | (grad_rows >= tf.shape(grad)[0]))
+  grad_rows = index_tensor(grad_rows, "grad_rows")
+  bad = first_index_where((grad_rows < 0) |
+                          (grad_rows >= tf.shape(grad, out_type=grad_rows.dtype)[0]))
   check = assert_that(tf.equal(tf.size(bad), 0), "grad_rows[", bad, "] = ",
                   tf.gather(grad_rows, bad), " is out of range [0, ",
                   tf.shape(grad)[0], ")")
@@ -278,7 +297,7 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
 
 
 def split_rows_by_table(rows, bases):
-  rows = tf.convert_to_tensor(rows)
+  rows = index_tensor(rows, "rows")
   bad = first_index_where(rows < 0)
   check = assert_that(tf.equal(tf.size(bad), 0), "rows[", bad, "] = ", tf.gather(rows, bad),
                   " is negative")
@@ -299,7 +318,7 @@ def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
 
 def gather_from_tables(tables, rows, bases):
   check_variables(tables)
-  rows = tf.convert_to_tensor(rows)
+  rows = index_tensor(rows, "rows")
   count = len(tables)
   base = tf.constant([int(b) for b in bases], rows.dtype)
   table_index = tf.cast(tf.searchsorted(base, rows, side="right"), tf.int32) - 1
