@@ -842,16 +842,19 @@ class DynamicTableImportOp : public OpKernel {
                 InvalidArgument("values have shape ", values_t.shape().DebugString(),
                                 " but the table needs [", k, ", ", spec.num_slots, ", ",
                                 spec.dim, "] (ids, slots, dim)"));
-    for (int i : {3, 4}) {
-      OP_REQUIRES(ctx, ctx->input(i).NumElements() == k,
-                  InvalidArgument("input ", i, " has ", ctx->input(i).NumElements(),
-                                  " entries for ", k, " ids"));
-    }
     const int64_t p = ctx->input(5).NumElements();
-    for (int i : {6, 7}) {
-      OP_REQUIRES(ctx, ctx->input(i).NumElements() == p,
-                  InvalidArgument("input ", i, " has ", ctx->input(i).NumElements(),
-                                  " entries for ", p, " pending ids"));
+    struct Size {
+      int input;
+      const char* name;
+      int64_t want;
+      const char* of;
+    };
+    for (const Size& size : {Size{3, "counts", k, "ids"}, Size{4, "last_seen", k, "ids"},
+                             Size{6, "pending_counts", p, "pending ids"},
+                             Size{7, "pending_last_seen", p, "pending ids"}}) {
+      OP_REQUIRES(ctx, ctx->input(size.input).NumElements() == size.want,
+                  InvalidArgument(size.name, " has ", ctx->input(size.input).NumElements(),
+                                  " entries for ", size.want, " ", size.of));
     }
     const int64_t* ids = ids_t.flat<int64_t>().data();
     {

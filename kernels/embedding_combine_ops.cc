@@ -323,12 +323,39 @@ class CombineFromTablesOp : public OpKernel {
     OP_REQUIRES_OK(ctx, tables.Acquire(ctx, bases_));
     const int64_t dim = tables.dim();
     OP_REQUIRES_OK(ctx, CheckRaggedInputs(inverse_t, splits_t, weights_t));
+    const Index* rows = rows_t.flat<Index>().data();
+    const int64_t m = rows_t.NumElements();
+    // Every row resolved to its table's memory first, in parallel: all of
+    // `rows` must lie in the group's tables, as for TfdeGatherFromTables,
+    // and the first that does not is an error before any output exists.
+    Tensor row_data_t;
+    uint64_t* row_addresses;
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, m, &row_data_t, &row_addresses));
+    const float** row_data = reinterpret_cast<const float**>(row_addresses);
+    std::atomic<int64_t> first_bad{m};
+    ParallelFor(ctx, m, 8, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        const int t = tables.TableOf(rows[k]);
+        if (t >= 0) {
+          row_data[k] = tables.Row(t, rows[k]);
+          continue;
+        }
+        int64_t seen = first_bad.load();
+        while (k < seen && !first_bad.compare_exchange_weak(seen, k)) {
+        }
+        return;
+      }
+    });
+    const int64_t bad = first_bad.load();
+    OP_REQUIRES(ctx, bad == m,
+                InvalidArgument("rows[", bad, "] = ",
+                                bad < m ? static_cast<int64_t>(rows[bad]) : 0,
+                                " is outside every table of the group"));
     Coefficients coefficients;
     OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(ctx, inverse_t, splits_t, weights_t,
                                                    rows_t.NumElements(), combiner_,
                                                    &coefficients));
     const float* coefficient = coefficients.coefficient;
-    const Index* rows = rows_t.flat<Index>().data();
     const int32_t* inverse = coefficients.inverse.data;
     const int64_t n = inverse_t.NumElements();
     const Split* splits = splits_t.flat<Split>().data();
@@ -336,52 +363,23 @@ class CombineFromTablesOp : public OpKernel {
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, dim}), &out_t));
     float* out = out_t->flat<float>().data();
-    // Rows are resolved to their tables as they are read, in parallel; the
-    // first id whose row no table holds is reported after the loop (the
-    // output is ours alone, so what was written before does not matter).
-    std::atomic<int64_t> first_bad{n};
-    const auto row_of = [&](int64_t i) -> const float* {
-      const int64_t r = rows[inverse[i]];
-      const int t = tables.TableOf(r);
-      if (t < 0) {
-        int64_t seen = first_bad.load();
-        while (i < seen && !first_bad.compare_exchange_weak(seen, i)) {
-        }
-        return nullptr;
-      }
-      return tables.Row(t, r);
-    };
     const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
     ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
       std::vector<float> acc(dim);
-      const int64_t first = splits[b0], last = splits[b1];
-      // Each id's row is resolved once, kPrefetchDistance ids ahead of its
-      // use, prefetched, and kept in a ring until then.
-      const float* ring[kPrefetchDistance];
-      for (int64_t k = first; k < std::min(first + kPrefetchDistance, last); ++k) {
-        ring[k % kPrefetchDistance] = row_of(k);
-      }
+      const int64_t last = splits[b1];
       for (int64_t b = b0; b < b1; ++b) {
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (Split i = splits[b]; i < splits[b + 1]; ++i) {
-          const float* row = ring[i % kPrefetchDistance];
           if (i + kPrefetchDistance < last) {
-            const float* ahead = row_of(i + kPrefetchDistance);
-            if (ahead) PrefetchRow(ahead, dim * sizeof(float), false);
-            ring[i % kPrefetchDistance] = ahead;
+            PrefetchRow(row_data[inverse[i + kPrefetchDistance]], dim * sizeof(float), false);
           }
-          if (!row) continue;
+          const float* row = row_data[inverse[i]];
           const float c = coefficient[i];
           for (int64_t d = 0; d < dim; ++d) acc[d] += c * row[d];
         }
         std::copy(acc.begin(), acc.end(), out + b * dim);
       }
     });
-    const int64_t bad = first_bad.load();
-    OP_REQUIRES(ctx, bad == n,
-                InvalidArgument("rows[", bad < n ? inverse[bad] : 0, "] = ",
-                                bad < n ? static_cast<int64_t>(rows[inverse[bad]]) : 0,
-                                " is outside every table of the group"));
   }
 
  private:
