@@ -1,7 +1,7 @@
-// Input checks shared by the CPU kernels, the GPU kernels
-// (cuda/gpu_op_kernels.cc) and the dynamic tables' updates, so every
-// device raises the same InvalidArgument for the same mistake. Only shapes
-// and host scalars here; checks of tensor contents run where the data is.
+// Input checks shared by the op classes (for every device) and the dynamic
+// tables' updates, so every device raises the same InvalidArgument for the
+// same mistake. Only shapes and host scalars here; checks of tensor contents
+// run in the functors, where the data is (device.h).
 #ifndef TFDE_KERNELS_INPUT_CHECKS_H_
 #define TFDE_KERNELS_INPUT_CHECKS_H_
 
@@ -26,6 +26,13 @@ inline Status ParseCombiner(const std::string& name, Combiner* combiner) {
     return InvalidArgument("combiner must be one of sum, mean, sqrtn; got '", name, "'");
   }
   return absl::OkStatus();
+}
+
+// The combiner attribute of an op.
+inline Status ReadCombiner(OpKernelConstruction* ctx, Combiner* combiner) {
+  std::string name;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("combiner", &name));
+  return ParseCombiner(name, combiner);
 }
 
 // A vector of ids whose positions fit the int32 indices the ops return.
@@ -59,48 +66,6 @@ inline Status ReadNumShards(const Tensor& t, int32_t* num_shards) {
     return InvalidArgument("num_shards = ", value, " is too large; at most 2^31 - 1 shards");
   }
   *num_shards = static_cast<int32_t>(value);
-  return absl::OkStatus();
-}
-
-// An index vector (int32 or int64, as its op's attribute allows) as int32:
-// every value is checked to lie in [0, bound) first, so an int64 value is
-// never wrapped. An int32 input is read in place, an int64 one narrowed into
-// scratch. The ops address at most 2^31 rows, so bound is at most 2^31.
-struct Int32Indices {
-  const int32_t* data = nullptr;
-  int64_t end = 0;  // the largest value + 1 (0 when there are none)
-  Tensor narrowed;  // the int32 copy of an int64 input
-};
-
-template <typename Index>
-Status CheckIndexRange(const Index* values, int64_t n, const char* name, int64_t bound,
-                       int64_t* end) {
-  bound = std::min<int64_t>(bound, int64_t{1} << 31);
-  Index largest = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (values[i] < 0 || values[i] >= bound) {
-      return InvalidArgument(name, "[", i, "] = ", values[i], " is out of range [0, ", bound,
-                             ")");
-    }
-    largest = std::max(largest, values[i]);
-  }
-  *end = static_cast<int64_t>(largest) + 1;
-  return absl::OkStatus();
-}
-
-inline Status ReadIndices(OpKernelContext* ctx, const Tensor& t, const char* name,
-                          int64_t bound, Int32Indices* out) {
-  const int64_t n = t.NumElements();
-  if (t.dtype() == tensorflow::DT_INT32) {
-    out->data = t.flat<int32_t>().data();
-    return CheckIndexRange(out->data, n, name, bound, &out->end);
-  }
-  const int64_t* wide = t.flat<int64_t>().data();
-  TF_RETURN_IF_ERROR(CheckIndexRange(wide, n, name, bound, &out->end));
-  int32_t* narrow;
-  TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->narrowed, &narrow));
-  for (int64_t i = 0; i < n; ++i) narrow[i] = static_cast<int32_t>(wide[i]);
-  out->data = narrow;
   return absl::OkStatus();
 }
 
@@ -198,46 +163,6 @@ inline Status CheckUpdateInputs(const Tensor& ids, const Tensor& grad, const Ten
     return InvalidArgument("grad must be a matrix, got shape ", grad.shape().DebugString());
   }
   return CheckUpdateInputs(ids, grad.dim_size(0), grad_rows, what, select);
-}
-
-// A sparse update's row indices in host memory: each in [0, num_rows) and
-// none repeated. A bitmap of the table's rows is cheaper than a hash map
-// while the table is not much larger than the batch (the usual case); a
-// huge table with few rows gets the hash map.
-template <typename Index>
-Status CheckUpdateRows(const Index* indices, int64_t n, int64_t num_rows) {
-  const auto out_of_range = [&](int64_t i) {
-    return InvalidArgument("indices[", i, "] = ", indices[i], " is out of range [0, ",
-                           num_rows, ")");
-  };
-  const auto repeated = [&](int64_t i, int64_t first) {
-    return InvalidArgument("indices[", i, "] = ", indices[i], " repeats indices[", first,
-                           "]; sum the gradients of a row before applying them");
-  };
-  if (num_rows <= 256 * n) {
-    std::vector<uint64_t> seen((num_rows + 63) / 64, 0);
-    for (int64_t i = 0; i < n; ++i) {
-      const Index row = indices[i];
-      if (row < 0 || row >= num_rows) return out_of_range(i);
-      uint64_t& word = seen[row >> 6];
-      const uint64_t bit = uint64_t{1} << (row & 63);
-      if (word & bit) {
-        int64_t first = 0;
-        while (indices[first] != row) ++first;
-        return repeated(i, first);
-      }
-      word |= bit;
-    }
-    return absl::OkStatus();
-  }
-  IdIndexMap<Index> seen(n);
-  for (int64_t i = 0; i < n; ++i) {
-    if (indices[i] < 0 || indices[i] >= num_rows) return out_of_range(i);
-    bool inserted;
-    const int32_t first = seen.FindOrInsert(indices[i], static_cast<int32_t>(i), &inserted);
-    if (!inserted) return repeated(i, first);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace tfde
