@@ -2,8 +2,10 @@
 
 The ops are compiled with g++ against the installed TensorFlow's headers and
 `libtensorflow_framework` (the flags `tf.sysconfig` gives), into
-`tfde/ops/_tfde_ops.so` inside the installed package. CUDA variants under
-`kernels/cuda/` are added where `nvcc` and a CUDA-enabled TensorFlow exist.
+`tfde/ops/_tfde_ops.so` inside the installed package. Where `nvcc` and a
+CUDA-enabled TensorFlow exist, the same op classes are built with
+GOOGLE_CUDA (they then register GPU kernels too), with their GPU functors
+and CUDA launchers from `kernels/cuda/`.
 
 TensorFlow must already be installed: under pip's build isolation it is not
 importable, so the flags are asked of the interpreter that runs pip, with
@@ -49,7 +51,8 @@ def tensorflow_build_info():
 
 
 class BuildTfdeOps(build_ext):
-  """Compiles kernels/*.cc (in parallel) and links the op library."""
+  """Compiles kernels/*.cc (in parallel; TFDE_BUILD_JOBS caps how many at
+  once) and links the op library."""
 
   def run(self):
     info = tensorflow_build_info()
@@ -62,15 +65,26 @@ class BuildTfdeOps(build_ext):
     # -fno-math-errno: no errno from sqrt/pow, so the optimizers' row loops
     # vectorise (nothing in the kernels reads errno).
     cflags = ["-O3", "-fno-math-errno", "-fPIC", "-Wno-deprecated-declarations"] + info["cflags"]
+    # The op classes (kernels/*.cc) register GPU kernels too when built with
+    # GOOGLE_CUDA; their GPU functors are kernels/cuda/*.cc (g++), calling
+    # the CUDA launchers kernels/cuda/*.cu.cc (nvcc).
+    cuda = self._cuda_available(info)
+    gpu_flags = ["-DGOOGLE_CUDA=1", "-I" + os.path.join(self._cuda_home(), "include")]
     sources = sorted(glob.glob(os.path.join(HERE, "kernels", "*.cc")))
+    if cuda:
+      sources += sorted(p for p in glob.glob(os.path.join(HERE, "kernels", "cuda", "*.cc"))
+                        if not p.endswith(".cu.cc"))
     objects = []
     commands = []
     for src in sources:
       obj = os.path.join(build_dir, os.path.basename(src) + ".o")
       objects.append(obj)
-      commands.append([cxx, "-c", src, "-o", obj] + cflags)
-    commands += self._cuda_commands(info, build_dir, cflags, objects)
-    jobs = max(1, min(len(commands), os.cpu_count() or 1))
+      commands.append([cxx, "-c", src, "-o", obj] + cflags + (gpu_flags if cuda else []))
+    if cuda:
+      commands += self._launcher_commands(build_dir, objects)
+    # TFDE_BUILD_JOBS caps the parallel compiles (a shared machine: 1).
+    jobs = int(os.environ.get("TFDE_BUILD_JOBS") or os.cpu_count() or 1)
+    jobs = max(1, min(len(commands), jobs))
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
       for cmd, result in zip(commands, pool.map(self._compile, commands)):
         if result.returncode:
@@ -78,7 +92,7 @@ class BuildTfdeOps(build_ext):
           source = next(a for a in cmd if a.endswith((".cc", ".cu")))
           raise SystemExit(f"tfde: compiling {source} failed")
     link = [cxx, "-shared", "-o", target] + objects + info["lflags"]
-    if any(os.path.basename(o).startswith("gpu_") for o in objects):
+    if cuda:
       link += ["-L" + os.path.join(self._cuda_home(), "lib64"), "-lcudart"]
     subprocess.run(link, check=True)
     print(f"tfde: wrote {target}")
@@ -92,23 +106,22 @@ class BuildTfdeOps(build_ext):
     nvcc = shutil.which("nvcc")
     return os.path.dirname(os.path.dirname(nvcc)) if nvcc else ""
 
-  def _cuda_commands(self, info, build_dir, cflags, objects):
-    # kernels/cuda: *.cu.cc are CUDA launchers (nvcc), *.cc the TF GPU op
-    # kernels calling them (g++ with GOOGLE_CUDA). testing_api.cu.cc is the
-    # C API for tests/test_cuda_kernels.py only, not part of the library.
-    cuda_dir = os.path.join(HERE, "kernels", "cuda")
-    launchers = sorted(p for p in glob.glob(os.path.join(cuda_dir, "*.cu.cc"))
-                       if not p.endswith("testing_api.cu.cc"))
-    op_kernels = sorted(p for p in glob.glob(os.path.join(cuda_dir, "*.cc"))
-                        if not p.endswith(".cu.cc"))
+  def _cuda_available(self, info):
     if not shutil.which("nvcc"):
       print("tfde: CUDA kernels skipped: nvcc not found; CPU build only")
-      return []
+      return False
     if not info["cuda"]:
       print(f"tfde: CUDA kernels skipped: TensorFlow {info['version']} is not "
             "built with CUDA; CPU build only")
-      return []
-    cuda_include = "-I" + os.path.join(self._cuda_home(), "include")
+      return False
+    return True
+
+  def _launcher_commands(self, build_dir, objects):
+    # kernels/cuda/*.cu.cc are the CUDA launchers (nvcc). testing_api.cu.cc
+    # is the C API for tests/test_cuda_kernels.py only, not part of the library.
+    cuda_dir = os.path.join(HERE, "kernels", "cuda")
+    launchers = sorted(p for p in glob.glob(os.path.join(cuda_dir, "*.cu.cc"))
+                       if not p.endswith("testing_api.cu.cc"))
     commands = []
     for src in launchers:
       obj = os.path.join(build_dir, os.path.basename(src)[:-3] + ".o")
@@ -116,11 +129,6 @@ class BuildTfdeOps(build_ext):
       commands.append(["nvcc", "-c", "-x", "cu", src, "-o", obj, "-O3",
                        "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC",
                        "-std=c++17"] + self._cuda_archs())
-    for src in op_kernels:
-      obj = os.path.join(build_dir, "gpu_" + os.path.basename(src) + ".o")
-      objects.append(obj)
-      commands.append([os.environ.get("CXX", "g++"), "-c", src, "-o", obj,
-                       "-DGOOGLE_CUDA=1", cuda_include] + cflags)
     return commands
 
   @staticmethod

@@ -84,6 +84,17 @@ class IdIndexMap {
   std::vector<int32_t> values_;
 };
 
+// Scratch memory of `n` elements of T from TensorFlow's allocator: a size
+// that cannot be had is a ResourceExhausted error from the kernel, where a
+// std::vector sized from an input would throw past it and end the process.
+template <typename T>
+Status AllocateScratch(OpKernelContext* ctx, int64_t n, Tensor* tensor, T** data) {
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DataTypeToEnum<T>::value,
+                                        TensorShape({n}), tensor));
+  *data = tensor->flat<T>().data();
+  return absl::OkStatus();
+}
+
 // Runs fn(begin, end) over [0, total) on the op's intra-op thread pool.
 // `cost_per_unit` is a rough count of cycles per element, which the pool
 // uses to decide how finely to split.

@@ -1,22 +1,19 @@
-// Dynamic embedding tables: a hash table resource from int64 id to a row
-// (the embedding and its optimizer slots, side by side), that grows as new
-// ids arrive, admits an id only after it was seen `admit_after` times, and
-// evicts rows unseen for a number of steps or beyond a row budget (least
-// frequent first). One resource holds one shard; the pipeline routes ids to
-// their shard by floor(id mod N).
-//
-// Rows start at a deterministic function of (seed, id, column) (see
-// InitialValue), so a table's contents never depend on the order ids arrive
-// in or on the number of shards. tfde/ops/reference.py's DynamicTableTwin
-// computes the same values with stock TF ops.
+// The ops of dynamic embedding tables (dynamic_table.h): the resource's
+// handle, lookup, the sparse optimizers' updates, export, import, eviction
+// and stats. CPU kernels: the table lives in host memory.
+#define EIGEN_USE_THREADS
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "common.h"
+#include "device.h"
+#include "dynamic_table.h"
 #include "input_checks.h"
 #include "sparse_updates.h"
 #include "tensorflow/core/framework/op.h"
@@ -26,351 +23,10 @@
 namespace tfde {
 
 using ::tensorflow::DT_INT64;
-using ::tensorflow::ResourceBase;
 using ::tensorflow::ResourceHandle;
-using ::tensorflow::mutex;
 using ::tensorflow::mutex_lock;
 using ::tensorflow::tf_shared_lock;
 using ::tensorflow::core::RefCountPtr;
-
-enum class InitKind { kZeros, kConstant, kUniform, kNormal, kTruncatedNormal };
-
-Status ParseInitKind(const std::string& name, InitKind* kind) {
-  static const std::pair<const char*, InitKind> kKinds[] = {
-      {"zeros", InitKind::kZeros},
-      {"constant", InitKind::kConstant},
-      {"uniform", InitKind::kUniform},
-      {"normal", InitKind::kNormal},
-      {"truncated_normal", InitKind::kTruncatedNormal}};
-  for (const auto& k : kKinds) {
-    if (name == k.first) {
-      *kind = k.second;
-      return absl::OkStatus();
-    }
-  }
-  return InvalidArgument("unknown initializer ", name,
-                         "; expected zeros, constant, uniform, normal or truncated_normal");
-}
-
-struct TableSpec {
-  int64_t dim = 0;
-  int num_slots = 1;                  // the embedding plus optimizer slots
-  std::vector<float> slot_initial;    // initial value of slots 1..num_slots-1
-  InitKind init = InitKind::kZeros;
-  double init_a = 0.0, init_b = 0.0;  // constant; min, max; mean, stddev
-  int64_t seed = 0;
-  int64_t admit_after = 1;            // sightings before an id gets a row
-  bool zeros_until_admitted = false;  // else the initial value, not stored
-};
-
-// A uniform draw in (0, 1) for (id, column, k), from 24 bits of a
-// splitmix64-style hash: the same on every platform, and cheap to
-// reproduce with TF's uint64 ops.
-inline double Uniform01(uint64_t id_key, int64_t column, int k) {
-  const uint64_t h = MixId(id_key ^ ((static_cast<uint64_t>(column) << 3) |
-                                     static_cast<uint64_t>(k)));
-  return (static_cast<double>(h >> 40) + 0.5) / 16777216.0;
-}
-
-inline double BoxMuller(double u1, double u2) {
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-}
-
-inline uint64_t IdKey(int64_t id, int64_t seed) {
-  return MixId(static_cast<uint64_t>(id) ^ MixId(static_cast<uint64_t>(seed)));
-}
-
-// The initial embedding of `id`, written to out[0..dim).
-void InitialValue(const TableSpec& spec, int64_t id, float* out) {
-  const uint64_t key = IdKey(id, spec.seed);
-  for (int64_t d = 0; d < spec.dim; ++d) {
-    double v = 0.0;
-    switch (spec.init) {
-      case InitKind::kZeros:
-        break;
-      case InitKind::kConstant:
-        v = spec.init_a;
-        break;
-      case InitKind::kUniform:
-        v = spec.init_a + (spec.init_b - spec.init_a) * Uniform01(key, d, 0);
-        break;
-      case InitKind::kNormal:
-        v = spec.init_a + spec.init_b * BoxMuller(Uniform01(key, d, 0), Uniform01(key, d, 1));
-        break;
-      case InitKind::kTruncatedNormal: {
-        // Up to four draws within two standard deviations, then clipped.
-        double z = 0.0;
-        for (int k = 0; k < 4; ++k) {
-          z = BoxMuller(Uniform01(key, d, 2 * k), Uniform01(key, d, 2 * k + 1));
-          if (std::abs(z) <= 2.0) break;
-        }
-        v = spec.init_a + spec.init_b * std::min(2.0, std::max(-2.0, z));
-        break;
-      }
-    }
-    out[d] = static_cast<float>(v);
-  }
-}
-
-// Open addressing from id to row, linear probing, backward-shift deletion
-// (no tombstones, so lookups stay short after many evictions).
-class RowIndex {
- public:
-  RowIndex() { Reset(16); }
-
-  int64_t Find(int64_t id) const {
-    for (uint64_t s = Slot(id);; s = (s + 1) & mask_) {
-      if (rows_[s] < 0) return -1;
-      if (keys_[s] == id) return rows_[s];
-    }
-  }
-
-  void Insert(int64_t id, int64_t row) {
-    if (2 * (size_ + 1) > static_cast<int64_t>(rows_.size())) Grow();
-    uint64_t s = Slot(id);
-    while (rows_[s] >= 0) s = (s + 1) & mask_;
-    keys_[s] = id;
-    rows_[s] = row;
-    ++size_;
-  }
-
-  void Erase(int64_t id) {
-    uint64_t s = Slot(id);
-    while (true) {
-      if (rows_[s] < 0) return;
-      if (keys_[s] == id) break;
-      s = (s + 1) & mask_;
-    }
-    // Shift later members of the probe chain back into the hole.
-    uint64_t hole = s;
-    for (uint64_t next = (hole + 1) & mask_; rows_[next] >= 0; next = (next + 1) & mask_) {
-      const uint64_t home = Slot(keys_[next]);
-      const bool movable = ((next - home) & mask_) >= ((next - hole) & mask_);
-      if (movable) {
-        keys_[hole] = keys_[next];
-        rows_[hole] = rows_[next];
-        hole = next;
-      }
-    }
-    rows_[hole] = -1;
-    --size_;
-  }
-
-  void Clear() { Reset(16); }
-  int64_t size() const { return size_; }
-  size_t bytes() const { return rows_.size() * (sizeof(int64_t) * 2); }
-
- private:
-  uint64_t Slot(int64_t id) const { return MixId(static_cast<uint64_t>(id)) & mask_; }
-
-  void Reset(int64_t capacity) {
-    keys_.assign(capacity, 0);
-    rows_.assign(capacity, -1);
-    mask_ = capacity - 1;
-    size_ = 0;
-  }
-
-  void Grow() {
-    std::vector<int64_t> keys, rows;
-    keys.swap(keys_);
-    rows.swap(rows_);
-    Reset(static_cast<int64_t>(rows.size()) * 2);
-    for (size_t s = 0; s < rows.size(); ++s) {
-      if (rows[s] >= 0) Insert(keys[s], rows[s]);
-    }
-  }
-
-  std::vector<int64_t> keys_;
-  std::vector<int64_t> rows_;
-  uint64_t mask_ = 0;
-  int64_t size_ = 0;
-};
-
-// Rows in fixed blocks, so growing never copies (or doubles) what is stored;
-// freed rows are reused first.
-class RowStore {
- public:
-  static constexpr int64_t kBlockRows = 4096;
-
-  explicit RowStore(int64_t width = 1) : width_(width) {}
-
-  int64_t Allocate() {
-    if (!free_.empty()) {
-      const int64_t row = free_.back();
-      free_.pop_back();
-      return row;
-    }
-    if (next_ == static_cast<int64_t>(blocks_.size()) * kBlockRows) {
-      blocks_.push_back(Block{std::unique_ptr<float[]>(new float[kBlockRows * width_]),
-                              std::unique_ptr<int64_t[]>(new int64_t[kBlockRows * 3])});
-    }
-    return next_++;
-  }
-  void Free(int64_t row) { free_.push_back(row); }
-  void Clear() {
-    blocks_.clear();
-    free_.clear();
-    next_ = 0;
-  }
-
-  float* Values(int64_t row) const {
-    return blocks_[row / kBlockRows].values.get() + (row % kBlockRows) * width_;
-  }
-  // Per row: its id, how often it was seen, the step it was last seen.
-  int64_t& Key(int64_t row) { return Meta(row)[0]; }
-  int64_t& Count(int64_t row) { return Meta(row)[1]; }
-  int64_t& LastSeen(int64_t row) { return Meta(row)[2]; }
-
-  // Rows handed out so far, live or freed: meta of rows below it is set.
-  int64_t allocated() const { return next_; }
-  size_t bytes() const {
-    return blocks_.size() * kBlockRows * (width_ * sizeof(float) + 3 * sizeof(int64_t)) +
-           free_.capacity() * sizeof(int64_t);
-  }
-
- private:
-  struct Block {
-    std::unique_ptr<float[]> values;
-    std::unique_ptr<int64_t[]> meta;
-  };
-  int64_t* Meta(int64_t row) {
-    return blocks_[row / kBlockRows].meta.get() + (row % kBlockRows) * 3;
-  }
-
-  int64_t width_;
-  std::vector<Block> blocks_;
-  std::vector<int64_t> free_;
-  int64_t next_ = 0;
-};
-
-class DynamicEmbeddingTable : public ResourceBase {
- public:
-  explicit DynamicEmbeddingTable(const TableSpec& spec)
-      : spec_(spec), store_(spec.dim * spec.num_slots) {}
-
-  std::string DebugString() const override {
-    return absl::StrCat("DynamicEmbeddingTable(dim=", spec_.dim, ", slots=", spec_.num_slots,
-                        ")");
-  }
-  int64_t MemoryUsed() const override { return static_cast<int64_t>(Bytes()); }
-
-  const TableSpec& spec() const { return spec_; }
-  mutex* mu() { return &mu_; }
-
-  // ---- under the lock (callers hold mu())
-
-  int64_t FindRow(int64_t id) const { return index_.Find(id); }
-
-  bool IsLiveRow(int64_t row) {
-    return row >= 0 && row < store_.allocated() && index_.Find(store_.Key(row)) == row;
-  }
-
-  // Counts a sighting of `id` (`times` occurrences at `step`); returns its
-  // row, created when this sighting admits it, or -1 while not admitted.
-  int64_t See(int64_t id, int64_t times, int64_t step) {
-    int64_t row = index_.Find(id);
-    if (row >= 0) {
-      store_.Count(row) += times;
-      store_.LastSeen(row) = std::max(store_.LastSeen(row), step);
-      return row;
-    }
-    int64_t seen = times;
-    auto pending = pending_.find(id);
-    if (pending != pending_.end()) seen += pending->second.count;
-    if (seen < spec_.admit_after) {
-      pending_[id] = Pending{seen, step};
-      return -1;
-    }
-    if (pending != pending_.end()) pending_.erase(pending);
-    row = NewRow(id);
-    store_.Count(row) = seen;
-    store_.LastSeen(row) = step;
-    return row;
-  }
-
-  // A row for `id` with the given contents (import).
-  Status Restore(int64_t id, const float* values, int64_t count, int64_t last_seen) {
-    if (index_.Find(id) >= 0) return InvalidArgument("id ", id, " appears twice");
-    const int64_t row = store_.Allocate();
-    index_.Insert(id, row);
-    std::copy_n(values, spec_.dim * spec_.num_slots, store_.Values(row));
-    store_.Key(row) = id;
-    store_.Count(row) = count;
-    store_.LastSeen(row) = last_seen;
-    return absl::OkStatus();
-  }
-  void RestorePending(int64_t id, int64_t count, int64_t last_seen) {
-    pending_[id] = Pending{count, last_seen};
-  }
-
-  void Clear() {
-    index_.Clear();
-    store_.Clear();
-    pending_.clear();
-    pending_.rehash(0);
-  }
-
-  void Remove(int64_t id, int64_t row) {
-    index_.Erase(id);
-    store_.Free(row);
-  }
-
-  float* Values(int64_t row) const { return store_.Values(row); }
-  RowStore& store() { return store_; }
-  int64_t size() const { return index_.size(); }
-
-  // Live rows sorted by id: a deterministic order for export and eviction.
-  std::vector<std::pair<int64_t, int64_t>> SortedRows() {
-    std::vector<std::pair<int64_t, int64_t>> rows;
-    rows.reserve(index_.size());
-    for (int64_t r = 0; r < store_.allocated(); ++r) {
-      // A freed row's id is no longer indexed to it.
-      if (index_.Find(store_.Key(r)) == r) {
-        rows.emplace_back(store_.Key(r), r);
-      }
-    }
-    std::sort(rows.begin(), rows.end());
-    return rows;
-  }
-
-  struct Pending {
-    int64_t count;
-    int64_t last_seen;
-  };
-  std::vector<std::pair<int64_t, Pending>> SortedPending() const {
-    std::vector<std::pair<int64_t, Pending>> out(pending_.begin(), pending_.end());
-    std::sort(out.begin(), out.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
-    return out;
-  }
-  void ErasePending(int64_t id) { pending_.erase(id); }
-  int64_t pending_size() const { return static_cast<int64_t>(pending_.size()); }
-
-  size_t Bytes() const {
-    return sizeof(*this) + index_.bytes() + store_.bytes() +
-           pending_.bucket_count() * sizeof(void*) +
-           pending_.size() * (sizeof(int64_t) + sizeof(Pending) + 2 * sizeof(void*));
-  }
-
- private:
-  int64_t NewRow(int64_t id) {
-    const int64_t row = store_.Allocate();
-    index_.Insert(id, row);
-    float* values = store_.Values(row);
-    InitialValue(spec_, id, values);
-    for (int s = 1; s < spec_.num_slots; ++s) {
-      std::fill_n(values + s * spec_.dim, spec_.dim, spec_.slot_initial[s - 1]);
-    }
-    store_.Key(row) = id;
-    return row;
-  }
-
-  const TableSpec spec_;
-  mutex mu_;
-  RowIndex index_;
-  RowStore store_;
-  std::unordered_map<int64_t, Pending> pending_;
-};
 
 // ---- ops
 
@@ -418,6 +74,10 @@ class DynamicTableHandleOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &spec_.seed));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admit_after", &spec_.admit_after));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("zeros_until_admitted", &spec_.zeros_until_admitted));
+    // A row's width in floats must be a size: at most 2^40 (4 TiB a row).
+    OP_REQUIRES(ctx, spec_.dim <= (int64_t{1} << 40) / spec_.num_slots,
+                InvalidArgument("dim = ", spec_.dim, " with ", spec_.num_slots,
+                                " slots is too wide a row"));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -538,7 +198,9 @@ class DynamicTableLookupOp : public OpKernel {
       // Sightings and insertions change the index: one writer.
       mutex_lock lock(*table->mu());
       const int64_t* counts = counts_t.flat<int64_t>().data();
-      for (int64_t i = 0; i < n; ++i) row_of[i] = table->See(ids[i], counts[i], step);
+      for (int64_t i = 0; i < n; ++i) {
+        OP_REQUIRES_OK(ctx, table->See(ids[i], counts[i], step, &row_of[i]));
+      }
       // An id admitted by a later repeat in this call is served from its
       // row everywhere in the call, whatever the order of the repeats.
       for (int64_t i = 0; i < n; ++i) {
@@ -568,7 +230,8 @@ REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableLookup").Device(DEVICE_CPU),
   .Input("table: resource")              \
   .Input("ids: int64")                   \
   .Input("grad: float")                  \
-  .Input("grad_rows: int32")             \
+  .Input("grad_rows: Tgrad_rows")        \
+  .Attr("Tgrad_rows: {int32, int64} = DT_INT32") \
   .Attr("by_address: bool = false")
 
 template <int kNumScalars>
@@ -635,7 +298,11 @@ class DynamicTableApplyOp : public OpKernel {
     const Tensor& grad_rows_t = ctx->input(3);
     bool select;
     OP_REQUIRES_OK(ctx, CheckUpdateInputs(ids_t, grad_t, grad_rows_t, "ids", &select));
-    OP_REQUIRES_OK(ctx, CheckGradRowsRange(grad_rows_t, grad_t.dim_size(0)));
+    OP_REQUIRES_OK(ctx, CheckIndexRange<CPUDevice>(ctx, grad_rows_t, "grad_rows",
+                                                   grad_t.dim_size(0)));
+    Tensor narrowed_grad_rows;
+    const int32_t* grad_rows_32;
+    OP_REQUIRES_OK(ctx, Int32View(ctx, grad_rows_t, &narrowed_grad_rows, &grad_rows_32));
     const TableSpec& spec = table->spec();
     OP_REQUIRES(ctx, spec.num_slots == Update::kNumVars,
                 InvalidArgument("the table keeps ", spec.num_slots - 1,
@@ -645,7 +312,7 @@ class DynamicTableApplyOp : public OpKernel {
                 InvalidArgument("grad has width ", grad_t.dim_size(1),
                                 " but the table has width ", spec.dim));
     const int64_t n = ids_t.NumElements();
-    const int32_t* grad_rows = select ? grad_rows_t.flat<int32_t>().data() : nullptr;
+    const int32_t* grad_rows = select ? grad_rows_32 : nullptr;
     const int64_t* ids = ids_t.flat<int64_t>().data();
     const char* what = by_address_ ? "addresses" : "ids";
     IdIndexMap<int64_t> seen(n);
@@ -659,7 +326,9 @@ class DynamicTableApplyOp : public OpKernel {
                                   "applying them"));
     }
     mutex_lock lock(*table->mu());
-    std::vector<int64_t> row_of(n);
+    Tensor row_of_t;
+    int64_t* row_of;
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, n, &row_of_t, &row_of));
     int64_t applied = 0;
     for (int64_t i = 0; i < n; ++i) {
       if (by_address_) {
@@ -810,16 +479,19 @@ class DynamicTableImportOp : public OpKernel {
                 InvalidArgument("values have shape ", values_t.shape().DebugString(),
                                 " but the table needs [", k, ", ", spec.num_slots, ", ",
                                 spec.dim, "] (ids, slots, dim)"));
-    for (int i : {3, 4}) {
-      OP_REQUIRES(ctx, ctx->input(i).NumElements() == k,
-                  InvalidArgument("input ", i, " has ", ctx->input(i).NumElements(),
-                                  " entries for ", k, " ids"));
-    }
     const int64_t p = ctx->input(5).NumElements();
-    for (int i : {6, 7}) {
-      OP_REQUIRES(ctx, ctx->input(i).NumElements() == p,
-                  InvalidArgument("input ", i, " has ", ctx->input(i).NumElements(),
-                                  " entries for ", p, " pending ids"));
+    struct Size {
+      int input;
+      const char* name;
+      int64_t want;
+      const char* of;
+    };
+    for (const Size& size : {Size{3, "counts", k, "ids"}, Size{4, "last_seen", k, "ids"},
+                             Size{6, "pending_counts", p, "pending ids"},
+                             Size{7, "pending_last_seen", p, "pending ids"}}) {
+      OP_REQUIRES(ctx, ctx->input(size.input).NumElements() == size.want,
+                  InvalidArgument(size.name, " has ", ctx->input(size.input).NumElements(),
+                                  " entries for ", size.want, " ", size.of));
     }
     const int64_t* ids = ids_t.flat<int64_t>().data();
     {
@@ -880,39 +552,7 @@ class DynamicTableEvictOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ReadInt64Scalar(ctx, 2, "max_unseen_steps", &max_unseen));
     OP_REQUIRES_OK(ctx, ReadInt64Scalar(ctx, 3, "max_rows", &max_rows));
     mutex_lock lock(*table->mu());
-    RowStore& store = table->store();
-    std::vector<int64_t> evicted;
-    std::vector<std::pair<int64_t, int64_t>> kept;
-    for (const auto& [id, row] : table->SortedRows()) {
-      if (max_unseen > 0 && step - store.LastSeen(row) >= max_unseen) {
-        evicted.push_back(id);
-        table->Remove(id, row);
-      } else {
-        kept.emplace_back(id, row);
-      }
-    }
-    if (max_unseen > 0) {
-      for (const auto& [id, pending] : table->SortedPending()) {
-        if (step - pending.last_seen >= max_unseen) table->ErasePending(id);
-      }
-    }
-    const int64_t excess = static_cast<int64_t>(kept.size()) - max_rows;
-    if (max_rows > 0 && excess > 0) {
-      auto colder = [&store](const std::pair<int64_t, int64_t>& a,
-                             const std::pair<int64_t, int64_t>& b) {
-        const int64_t ca = store.Count(a.second), cb = store.Count(b.second);
-        if (ca != cb) return ca < cb;
-        const int64_t la = store.LastSeen(a.second), lb = store.LastSeen(b.second);
-        if (la != lb) return la < lb;
-        return a.first < b.first;
-      };
-      std::nth_element(kept.begin(), kept.begin() + (excess - 1), kept.end(), colder);
-      for (int64_t j = 0; j < excess; ++j) {
-        evicted.push_back(kept[j].first);
-        table->Remove(kept[j].first, kept[j].second);
-      }
-    }
-    std::sort(evicted.begin(), evicted.end());
+    const std::vector<int64_t> evicted = table->Evict(step, max_unseen, max_rows);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, TensorShape({static_cast<int64_t>(evicted.size())}), &out));

@@ -1,20 +1,28 @@
 // TfdeEmbeddingCombine and TfdeEmbeddingCombineGrad: the fused
 // "gather by inverse index, weight, reduce per sample" step of a lookup,
-// and its gradient with respect to the unique rows.
+// and its gradient with respect to the unique rows; TfdeBagGradientIndex,
+// that gradient left as the ids of each row (bag_gradients.h).
 //
 // Semantics follow tf.nn.embedding_lookup_sparse and keras-rs: a sample's
 // output is sum_i w_i * row_i, divided by sum_i w_i ("mean") or by
 // sqrt(sum_i w_i^2) ("sqrtn"), and a zero divisor gives zeros (div_no_nan),
 // as does a sample with no ids.
+//
+// One op class per op, templated on the device; the CPU functors are below,
+// the GPU ones in cuda/gpu_functors.cc (combine_functor.h declares both).
+#define EIGEN_USE_THREADS
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#endif
 
-#include <atomic>
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "bag_gradients.h"
+#include "combine_functor.h"
 #include "common.h"
-#include "fused_tables.h"
 #include "input_checks.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -24,12 +32,13 @@ namespace tfde {
 
 REGISTER_OP("TfdeEmbeddingCombine")
     .Input("rows: T")
-    .Input("inverse: int32")
+    .Input("inverse: Tinverse")
     .Input("row_splits: Tsplits")
     .Input("weights: float")
     .Output("output: T")
     .Attr("T: {float, half, bfloat16}")
     .Attr("Tsplits: {int32, int64}")
+    .Attr("Tinverse: {int32, int64} = DT_INT32")
     .Attr("combiner: {'sum', 'mean', 'sqrtn'}")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle rows, inverse, splits, weights;
@@ -49,13 +58,15 @@ row_splits[b]..row_splits[b+1]). An empty `weights` means every weight is 1.
 
 REGISTER_OP("TfdeEmbeddingCombineGrad")
     .Input("grad: T")
-    .Input("inverse: int32")
+    .Input("inverse: Tinverse")
     .Input("row_splits: Tsplits")
     .Input("weights: float")
-    .Input("num_unique: int32")
+    .Input("num_unique: Tnum_unique")
     .Output("unique_grad: T")
     .Attr("T: {float, half, bfloat16}")
     .Attr("Tsplits: {int32, int64}")
+    .Attr("Tinverse: {int32, int64} = DT_INT32")
+    .Attr("Tnum_unique: {int32, int64} = DT_INT32")
     .Attr("combiner: {'sum', 'mean', 'sqrtn'}")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle grad, unused;
@@ -75,14 +86,16 @@ gradient row per unique id (a segment sum over the ids that share it).
 )doc");
 
 REGISTER_OP("TfdeBagGradientIndex")
-    .Input("inverse: int32")
+    .Input("inverse: Tinverse")
     .Input("row_splits: Tsplits")
     .Input("weights: float")
-    .Input("num_unique: int32")
+    .Input("num_unique: Tnum_unique")
     .Output("segments: int64")
     .Output("bags: int32")
     .Output("bag_weights: float")
     .Attr("Tsplits: {int32, int64}")
+    .Attr("Tinverse: {int32, int64} = DT_INT32")
+    .Attr("Tnum_unique: {int32, int64} = DT_INT32")
     .Attr("combiner: {'sum', 'mean', 'sqrtn'}")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle inverse, unused;
@@ -105,81 +118,162 @@ unique row k's gradient is sum_j bag_weights[j] * grad[bags[j]] over j in
 FromBags variants take it instead of a gradient matrix.
 )doc");
 
-REGISTER_OP("TfdeCombineFromTables")
-    .Input("tables: num_tables * resource")
-    .Input("rows: Tindices")
-    .Input("inverse: int32")
-    .Input("row_splits: Tsplits")
-    .Input("weights: float")
-    .Output("output: float")
-    .Attr("num_tables: int >= 1")
-    .Attr("bases: list(int)")
-    .Attr("Tindices: {int32, int64}")
-    .Attr("Tsplits: {int32, int64}")
-    .Attr("combiner: {'sum', 'mean', 'sqrtn'}")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      int num_tables;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &num_tables));
-      shape_inference::ShapeHandle splits, unused;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(num_tables), 1, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(num_tables + 1), 1, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(num_tables + 2), 1, &splits));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(num_tables + 3), 1, &unused));
-      shape_inference::DimensionHandle batch;
-      TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &batch));
-      c->set_output(0, c->Matrix(batch, c->UnknownDim()));
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-TfdeEmbeddingCombine reading its rows straight from a group's tables:
-rows[k] is a fused row (TfdeGatherFromTables's row space), and output[b]
-combines the rows rows[inverse[i]] of sample b's ids. Equal to combining
-TfdeGatherFromTables(tables, rows), without writing the gathered rows.
-)doc");
+template <typename Device, typename T, typename Split>
+class EmbeddingCombineOp : public OpKernel {
+ public:
+  explicit EmbeddingCombineOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadCombiner(ctx, &combiner_));
+  }
 
-// Validates the ragged structure shared by both ops and computes, per id,
-// its sample (bag) and its coefficient w_i / divisor(bag).
-template <typename Split>
-Status ComputeCoefficients(const Tensor& inverse_t, const Tensor& splits_t,
-                           const Tensor& weights_t, int64_t num_rows,
-                           Combiner combiner, std::vector<int32_t>* bag_of,
-                           std::vector<float>* coefficient) {
-  // Shapes are checked (CheckCombineInputs); here the values.
-  const int64_t n = inverse_t.NumElements();
-  const int64_t batch = splits_t.NumElements() - 1;
-  const Split* splits = splits_t.flat<Split>().data();
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows = ctx->input(0);
+    const Tensor& inverse = ctx->input(1);
+    const Tensor& splits = ctx->input(2);
+    const Tensor& weights = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckCombineInputs(rows, "rows", inverse, splits, weights));
+    Coefficients coefficients;
+    OP_REQUIRES_OK(ctx, PrepareCoefficients<Device, Split>(
+                            ctx, inverse, splits, weights, rows.dim_size(0), combiner_,
+                            &coefficients));
+    const int64_t batch = splits.NumElements() - 1;
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, rows.dim_size(1)}), &out));
+    OP_REQUIRES_OK(ctx, functor::EmbeddingCombine<Device, T, Split>()(ctx, rows, splits,
+                                                                       coefficients, out));
+  }
+
+ private:
+  Combiner combiner_;
+};
+
+template <typename Device, typename T, typename Split>
+class EmbeddingCombineGradOp : public OpKernel {
+ public:
+  explicit EmbeddingCombineGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadCombiner(ctx, &combiner_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad = ctx->input(0);
+    const Tensor& inverse = ctx->input(1);
+    const Tensor& splits = ctx->input(2);
+    const Tensor& weights = ctx->input(3);
+    int64_t num_unique;
+    OP_REQUIRES_OK(ctx, CheckCombineGradInputs(grad, inverse, splits, weights, ctx->input(4),
+                                               &num_unique));
+    Coefficients coefficients;
+    OP_REQUIRES_OK(ctx, PrepareCoefficients<Device, Split>(ctx, inverse, splits, weights,
+                                                           num_unique, combiner_,
+                                                           &coefficients));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique, grad.dim_size(1)}),
+                                             &out));
+    if (out->NumElements() == 0) return;
+    OP_REQUIRES_OK(ctx, functor::EmbeddingCombineGrad<Device, T>()(ctx, grad, coefficients,
+                                                                    out));
+  }
+
+ private:
+  Combiner combiner_;
+};
+
+template <typename Device, typename Split>
+class BagGradientIndexOp : public OpKernel {
+ public:
+  explicit BagGradientIndexOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadCombiner(ctx, &combiner_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& inverse = ctx->input(0);
+    const Tensor& splits = ctx->input(1);
+    const Tensor& weights = ctx->input(2);
+    int64_t num_unique;
+    OP_REQUIRES_OK(ctx, CheckRaggedInputs(inverse, splits, weights));
+    OP_REQUIRES_OK(ctx, ReadNumUnique(ctx->input(3), &num_unique));
+    Coefficients coefficients;
+    OP_REQUIRES_OK(ctx, PrepareCoefficients<Device, Split>(ctx, inverse, splits, weights,
+                                                           num_unique, combiner_,
+                                                           &coefficients));
+    const int64_t n = inverse.NumElements();
+    Tensor *segments, *bags, *bag_weights;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique + 1}), &segments));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &bags));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &bag_weights));
+    OP_REQUIRES_OK(ctx, functor::BagGradientIndex<Device>()(ctx, coefficients, num_unique,
+                                                            segments, bags, bag_weights));
+  }
+
+ private:
+  Combiner combiner_;
+};
+
+// ---- CPU functors
+
+namespace {
+
+// The values' checks of a ragged batch (shapes were checked): the lowest
+// offending split and id, as RaggedBatchErrors describes them.
+template <typename Split, typename Index>
+void FindRaggedBatchErrors(const Split* splits, int64_t batch, const Index* inverse, int64_t n,
+                           int64_t num_rows, RaggedBatchErrors* bad, int64_t* rows_read) {
   if (splits[0] != 0) {
-    return InvalidArgument("row_splits[0] must be 0, got ", splits[0]);
+    bad->split = 0;
+    return;
   }
   for (int64_t b = 0; b < batch; ++b) {
     if (splits[b + 1] < splits[b]) {
-      return InvalidArgument("row_splits must be non-decreasing: row_splits[",
-                             b + 1, "] = ", splits[b + 1], " < row_splits[", b,
-                             "] = ", splits[b]);
+      bad->split = b + 1;
+      return;
     }
   }
   if (splits[batch] != n) {
-    return InvalidArgument("row_splits[-1] = ", splits[batch],
-                           " must equal the number of ids, ", n);
+    bad->split = batch;
+    return;
   }
-  const int64_t num_weights = weights_t.NumElements();
-  const int32_t* inverse = inverse_t.flat<int32_t>().data();
+  num_rows = IndexBound(num_rows);
+  Index largest = -1;
   for (int64_t i = 0; i < n; ++i) {
     if (inverse[i] < 0 || inverse[i] >= num_rows) {
-      return InvalidArgument("inverse[", i, "] = ", inverse[i],
-                             " is out of range [0, ", num_rows, ")");
+      bad->inverse = i;
+      return;
     }
+    largest = std::max(largest, inverse[i]);
   }
-  const float* weights = num_weights ? weights_t.flat<float>().data() : nullptr;
-  bag_of->resize(n);
-  coefficient->resize(n);
+  *rows_read = static_cast<int64_t>(largest) + 1;
+}
+
+}  // namespace
+
+template <typename Split>
+Status functor::CombineCoefficients<CPUDevice, Split>::operator()(
+    OpKernelContext* ctx, const Tensor& inverse_t, const Tensor& splits_t,
+    const Tensor& weights_t, int64_t num_rows, Combiner combiner, Coefficients* out,
+    RaggedBatchErrors* errors) const {
+  const int64_t n = inverse_t.NumElements();
+  const int64_t batch = splits_t.NumElements() - 1;
+  const Split* splits = splits_t.flat<Split>().data();
+  if (inverse_t.dtype() == tensorflow::DT_INT64) {
+    FindRaggedBatchErrors(splits, batch, inverse_t.flat<int64_t>().data(), n, num_rows, errors,
+                          &out->rows_read);
+  } else {
+    FindRaggedBatchErrors(splits, batch, inverse_t.flat<int32_t>().data(), n, num_rows, errors,
+                          &out->rows_read);
+  }
+  if (errors->split >= 0 || errors->inverse >= 0) return absl::OkStatus();
+  TF_RETURN_IF_ERROR(Int32View(ctx, inverse_t, &out->narrowed_inverse, &out->inverse));
+  int32_t* bag_of;
+  float* coefficient;
+  TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->bag_of, &bag_of));
+  TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->coefficient, &coefficient));
+  const float* weights = weights_t.NumElements() ? weights_t.flat<float>().data() : nullptr;
   for (int64_t b = 0; b < batch; ++b) {
     double divisor_sq = 0.0, divisor = 0.0;
     for (Split i = splits[b]; i < splits[b + 1]; ++i) {
       const double w = weights ? weights[i] : 1.0;
       divisor += w;
       divisor_sq += w * w;
-      (*bag_of)[i] = static_cast<int32_t>(b);
+      bag_of[i] = static_cast<int32_t>(b);
     }
     double scale = 1.0;
     if (combiner == Combiner::kMean) {
@@ -188,306 +282,156 @@ Status ComputeCoefficients(const Tensor& inverse_t, const Tensor& splits_t,
       scale = divisor_sq == 0.0 ? 0.0 : 1.0 / std::sqrt(divisor_sq);
     }
     for (Split i = splits[b]; i < splits[b + 1]; ++i) {
-      (*coefficient)[i] =
-          static_cast<float>((weights ? weights[i] : 1.0) * scale);
+      coefficient[i] = static_cast<float>((weights ? weights[i] : 1.0) * scale);
     }
   }
   return absl::OkStatus();
 }
 
-// The bag-gradient view of the ids (bag_gradients.h): ids grouped by unique
-// row, with their bag and coefficient.
-inline void BuildBagGradientIndex(const int32_t* inverse, int64_t n, int64_t num_unique,
-                                  const std::vector<int32_t>& bag_of,
-                                  const std::vector<float>& coefficient,
-                                  int64_t* segments, int32_t* bags, float* bag_weights) {
-  GroupByRow(inverse, n, num_unique, segments, [&](int64_t i, int64_t j) {
+template <typename T, typename Split>
+Status functor::EmbeddingCombine<CPUDevice, T, Split>::operator()(
+    OpKernelContext* ctx, const Tensor& rows_t, const Tensor& splits_t, const Coefficients& c,
+    Tensor* out_t) const {
+  const T* rows = rows_t.flat<T>().data();
+  const int64_t dim = rows_t.dim_size(1);
+  const int32_t* inverse = c.inverse;
+  const float* coefficient = c.coefficient.flat<float>().data();
+  const Split* splits = splits_t.flat<Split>().data();
+  const int64_t batch = splits_t.NumElements() - 1;
+  T* out = out_t->flat<T>().data();
+  const int64_t n = c.coefficient.NumElements();
+  const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
+  ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
+    std::vector<float> acc(dim);
+    const int64_t last = splits[b1];
+    for (int64_t b = b0; b < b1; ++b) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (Split i = splits[b]; i < splits[b + 1]; ++i) {
+        if (i + kPrefetchDistance < last) {
+          PrefetchRow(rows + static_cast<int64_t>(inverse[i + kPrefetchDistance]) * dim,
+                      dim * sizeof(T), false);
+        }
+        const float w = coefficient[i];
+        const T* row = rows + static_cast<int64_t>(inverse[i]) * dim;
+        for (int64_t d = 0; d < dim; ++d) acc[d] += w * static_cast<float>(row[d]);
+      }
+      T* o = out + b * dim;
+      for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
+    }
+  });
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The bag-gradient view of the ids (bag_gradients.h): ids grouped by row
+// (of num_rows), with their bag and coefficient.
+void BuildBagGradientIndex(const Coefficients& c, int64_t num_rows, int64_t* segments,
+                           int32_t* bags, float* bag_weights) {
+  const int32_t* bag_of = c.bag_of.flat<int32_t>().data();
+  const float* coefficient = c.coefficient.flat<float>().data();
+  GroupByRow(c.inverse, c.bag_of.NumElements(), num_rows, segments, [&](int64_t i, int64_t j) {
     bags[j] = bag_of[i];
     bag_weights[j] = coefficient[i];
   });
 }
 
-template <typename Split>
-class BagGradientIndexOp : public OpKernel {
- public:
-  explicit BagGradientIndexOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string name;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiner", &name));
-    OP_REQUIRES_OK(ctx, ParseCombiner(name, &combiner_));
-  }
+}  // namespace
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& inverse_t = ctx->input(0);
-    const Tensor& splits_t = ctx->input(1);
-    const Tensor& weights_t = ctx->input(2);
-    const Tensor& num_unique_t = ctx->input(3);
-    int64_t num_unique;
-    OP_REQUIRES_OK(ctx, CheckRaggedInputs(inverse_t, splits_t, weights_t));
-    OP_REQUIRES_OK(ctx, ReadNumUnique(num_unique_t, &num_unique));
-    std::vector<int32_t> bag_of;
-    std::vector<float> coefficient;
-    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(inverse_t, splits_t, weights_t,
-                                                   num_unique, combiner_, &bag_of,
-                                                   &coefficient));
-    const int64_t n = inverse_t.NumElements();
-    Tensor *segments_t, *bags_t, *weights_out_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique + 1}), &segments_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &bags_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &weights_out_t));
-    BuildBagGradientIndex(inverse_t.flat<int32_t>().data(), n, num_unique, bag_of,
-                          coefficient, segments_t->flat<int64_t>().data(),
-                          bags_t->flat<int32_t>().data(),
-                          weights_out_t->flat<float>().data());
-  }
+Status functor::BagGradientIndex<CPUDevice>::operator()(OpKernelContext* /*ctx*/,
+                                                        const Coefficients& c,
+                                                        int64_t num_unique, Tensor* segments,
+                                                        Tensor* bags,
+                                                        Tensor* bag_weights) const {
+  BuildBagGradientIndex(c, num_unique, segments->flat<int64_t>().data(),
+                        bags->flat<int32_t>().data(), bag_weights->flat<float>().data());
+  return absl::OkStatus();
+}
 
- private:
-  Combiner combiner_;
-};
-
-template <typename T, typename Split>
-class EmbeddingCombineOp : public OpKernel {
- public:
-  explicit EmbeddingCombineOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string name;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiner", &name));
-    OP_REQUIRES_OK(ctx, ParseCombiner(name, &combiner_));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& rows_t = ctx->input(0);
-    const Tensor& inverse_t = ctx->input(1);
-    const Tensor& splits_t = ctx->input(2);
-    const Tensor& weights_t = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckCombineInputs(rows_t, "rows", inverse_t, splits_t, weights_t));
-    std::vector<int32_t> bag_of;
-    std::vector<float> coefficient;
-    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(
-                            inverse_t, splits_t, weights_t, rows_t.dim_size(0),
-                            combiner_, &bag_of, &coefficient));
-    const int64_t batch = splits_t.NumElements() - 1;
-    const int64_t dim = rows_t.dim_size(1);
-    Tensor* out_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, dim}), &out_t));
-    const T* rows = rows_t.flat<T>().data();
-    const int32_t* inverse = inverse_t.flat<int32_t>().data();
-    const Split* splits = splits_t.flat<Split>().data();
-    T* out = out_t->flat<T>().data();
-    const int64_t n = inverse_t.NumElements();
-    const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
-    ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
-      std::vector<float> acc(dim);
-      const int64_t last = splits[b1];
-      for (int64_t b = b0; b < b1; ++b) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (Split i = splits[b]; i < splits[b + 1]; ++i) {
-          if (i + kPrefetchDistance < last) {
-            PrefetchRow(rows + static_cast<int64_t>(inverse[i + kPrefetchDistance]) * dim,
-                        dim * sizeof(T), false);
-          }
-          const float c = coefficient[i];
-          const T* row = rows + static_cast<int64_t>(inverse[i]) * dim;
-          for (int64_t d = 0; d < dim; ++d) acc[d] += c * static_cast<float>(row[d]);
-        }
-        T* o = out + b * dim;
-        for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
+template <typename T>
+Status functor::EmbeddingCombineGrad<CPUDevice, T>::operator()(OpKernelContext* ctx,
+                                                               const Tensor& grad_t,
+                                                               const Coefficients& c,
+                                                               Tensor* out_t) const {
+  const int64_t n = c.bag_of.NumElements();
+  const int64_t num_unique = out_t->dim_size(0);
+  const int64_t dim = grad_t.dim_size(1);
+  // Rows past the last one an id reads get zeros: only rows_read rows need
+  // a segment, so the scratch is no larger than the inputs however large
+  // num_unique is.
+  const int64_t rows_read = c.rows_read;
+  Tensor segments_t, bags_t, bag_weights_t;
+  int64_t* segments;
+  int32_t* bags;
+  float* bag_weights;
+  TF_RETURN_IF_ERROR(AllocateScratch(ctx, rows_read + 1, &segments_t, &segments));
+  TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &bags_t, &bags));
+  TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &bag_weights_t, &bag_weights));
+  BuildBagGradientIndex(c, rows_read, segments, bags, bag_weights);
+  BagGradients<T> bag_grads;
+  bag_grads.output_grad = grad_t.flat<T>().data();
+  bag_grads.num_bags = grad_t.dim_size(0);
+  bag_grads.dim = dim;
+  bag_grads.segments = segments;
+  bag_grads.num_rows = rows_read;
+  bag_grads.bags = bags;
+  bag_grads.weights = bag_weights;
+  T* out = out_t->flat<T>().data();
+  // Each output row is owned by one thread and summed without atomics, in
+  // id order (deterministic).
+  const int64_t cost = (num_unique ? n / num_unique + 1 : 1) * dim * 2;
+  ParallelFor(ctx, num_unique, cost, [&](int64_t k0, int64_t k1) {
+    std::vector<float> acc(dim);
+    for (int64_t k = k0; k < k1; ++k) {
+      T* o = out + k * dim;
+      if (k >= rows_read) {
+        std::fill_n(o, dim, static_cast<T>(0.0f));
+        continue;
       }
-    });
-  }
+      bag_grads.Row(k, acc.data());
+      for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
+    }
+  });
+  return absl::OkStatus();
+}
 
- private:
-  Combiner combiner_;
-};
+// ---- registration: the GPU launchers read an int32 inverse, so an int64
+// one runs on the CPU kernels; num_unique is read on the host.
 
-template <typename Index, typename Split>
-class CombineFromTablesOp : public OpKernel {
- public:
-  explicit CombineFromTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadFusedTablesAttrs(ctx, &num_tables_, &bases_));
-    std::string name;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiner", &name));
-    OP_REQUIRES_OK(ctx, ParseCombiner(name, &combiner_));
-  }
+#define REGISTER_COMBINE(DEV, T, Split, ...)                                    \
+  REGISTER_KERNEL_BUILDER(Name("TfdeEmbeddingCombine")                          \
+                              .Device(DEVICE_##DEV)                             \
+                              .TypeConstraint<T>("T")                           \
+                              .TypeConstraint<Split>("Tsplits") __VA_ARGS__,    \
+                          EmbeddingCombineOp<DEV##Device, T, Split>);           \
+  REGISTER_KERNEL_BUILDER(Name("TfdeEmbeddingCombineGrad")                      \
+                              .Device(DEVICE_##DEV)                             \
+                              .HostMemory("num_unique")                         \
+                              .TypeConstraint<T>("T")                           \
+                              .TypeConstraint<Split>("Tsplits") __VA_ARGS__,    \
+                          EmbeddingCombineGradOp<DEV##Device, T, Split>);
+#define REGISTER_COMBINE_ALL(DEV, T, ...)        \
+  REGISTER_COMBINE(DEV, T, int32_t, __VA_ARGS__) \
+  REGISTER_COMBINE(DEV, T, int64_t, __VA_ARGS__)
+REGISTER_COMBINE_ALL(CPU, float, )
+REGISTER_COMBINE_ALL(CPU, Eigen::half, )
+REGISTER_COMBINE_ALL(CPU, Eigen::bfloat16, )
+#if GOOGLE_CUDA
+REGISTER_COMBINE_ALL(GPU, float, .TypeConstraint<int32_t>("Tinverse"))
+REGISTER_COMBINE_ALL(GPU, Eigen::half, .TypeConstraint<int32_t>("Tinverse"))
+REGISTER_COMBINE_ALL(GPU, Eigen::bfloat16, .TypeConstraint<int32_t>("Tinverse"))
+#endif
+#undef REGISTER_COMBINE_ALL
+#undef REGISTER_COMBINE
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& rows_t = ctx->input(num_tables_);
-    const Tensor& inverse_t = ctx->input(num_tables_ + 1);
-    const Tensor& splits_t = ctx->input(num_tables_ + 2);
-    const Tensor& weights_t = ctx->input(num_tables_ + 3);
-    OP_REQUIRES(ctx, rows_t.dims() == 1,
-                InvalidArgument("rows must be a vector, got shape ",
-                                rows_t.shape().DebugString()));
-    // Shared locks: concurrent lookups proceed, updates wait.
-    FusedTables tables;
-    OP_REQUIRES_OK(ctx, tables.Acquire(ctx, bases_));
-    const int64_t dim = tables.dim();
-    OP_REQUIRES_OK(ctx, CheckRaggedInputs(inverse_t, splits_t, weights_t));
-    std::vector<int32_t> bag_of;
-    std::vector<float> coefficient;
-    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(inverse_t, splits_t, weights_t,
-                                                   rows_t.NumElements(), combiner_,
-                                                   &bag_of, &coefficient));
-    const Index* rows = rows_t.flat<Index>().data();
-    const int32_t* inverse = inverse_t.flat<int32_t>().data();
-    const int64_t n = inverse_t.NumElements();
-    const Split* splits = splits_t.flat<Split>().data();
-    const int64_t batch = splits_t.NumElements() - 1;
-    Tensor* out_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, dim}), &out_t));
-    float* out = out_t->flat<float>().data();
-    // Rows are resolved to their tables as they are read, in parallel; the
-    // first id whose row no table holds is reported after the loop (the
-    // output is ours alone, so what was written before does not matter).
-    std::atomic<int64_t> first_bad{n};
-    const auto row_of = [&](int64_t i) -> const float* {
-      const int64_t r = rows[inverse[i]];
-      const int t = tables.TableOf(r);
-      if (t < 0) {
-        int64_t seen = first_bad.load();
-        while (i < seen && !first_bad.compare_exchange_weak(seen, i)) {
-        }
-        return nullptr;
-      }
-      return tables.Row(t, r);
-    };
-    const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
-    ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
-      std::vector<float> acc(dim);
-      const int64_t first = splits[b0], last = splits[b1];
-      // Each id's row is resolved once, kPrefetchDistance ids ahead of its
-      // use, prefetched, and kept in a ring until then.
-      const float* ring[kPrefetchDistance];
-      for (int64_t k = first; k < std::min(first + kPrefetchDistance, last); ++k) {
-        ring[k % kPrefetchDistance] = row_of(k);
-      }
-      for (int64_t b = b0; b < b1; ++b) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (Split i = splits[b]; i < splits[b + 1]; ++i) {
-          const float* row = ring[i % kPrefetchDistance];
-          if (i + kPrefetchDistance < last) {
-            const float* ahead = row_of(i + kPrefetchDistance);
-            if (ahead) PrefetchRow(ahead, dim * sizeof(float), false);
-            ring[i % kPrefetchDistance] = ahead;
-          }
-          if (!row) continue;
-          const float c = coefficient[i];
-          for (int64_t d = 0; d < dim; ++d) acc[d] += c * row[d];
-        }
-        std::copy(acc.begin(), acc.end(), out + b * dim);
-      }
-    });
-    const int64_t bad = first_bad.load();
-    OP_REQUIRES(ctx, bad == n,
-                InvalidArgument("rows[", bad < n ? inverse[bad] : 0, "] = ",
-                                bad < n ? static_cast<int64_t>(rows[inverse[bad]]) : 0,
-                                " is outside every table of the group"));
-  }
-
- private:
-  int num_tables_;
-  std::vector<int64_t> bases_;
-  Combiner combiner_;
-};
-
-template <typename T, typename Split>
-class EmbeddingCombineGradOp : public OpKernel {
- public:
-  explicit EmbeddingCombineGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string name;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiner", &name));
-    OP_REQUIRES_OK(ctx, ParseCombiner(name, &combiner_));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& grad_t = ctx->input(0);
-    const Tensor& inverse_t = ctx->input(1);
-    const Tensor& splits_t = ctx->input(2);
-    const Tensor& weights_t = ctx->input(3);
-    const Tensor& num_unique_t = ctx->input(4);
-    int64_t num_unique;
-    OP_REQUIRES_OK(ctx, CheckCombineGradInputs(grad_t, inverse_t, splits_t, weights_t,
-                                               num_unique_t, &num_unique));
-    std::vector<int32_t> bag_of;
-    std::vector<float> coefficient;
-    OP_REQUIRES_OK(ctx, ComputeCoefficients<Split>(inverse_t, splits_t,
-                                                   weights_t, num_unique,
-                                                   combiner_, &bag_of,
-                                                   &coefficient));
-    const int64_t n = inverse_t.NumElements();
-    const int64_t dim = grad_t.dim_size(1);
-    std::vector<int64_t> segments(num_unique + 1);
-    std::vector<int32_t> bags(n);
-    std::vector<float> bag_weights(n);
-    BuildBagGradientIndex(inverse_t.flat<int32_t>().data(), n, num_unique, bag_of,
-                          coefficient, segments.data(), bags.data(), bag_weights.data());
-    BagGradients<T> bag_grads;
-    bag_grads.output_grad = grad_t.flat<T>().data();
-    bag_grads.num_bags = grad_t.dim_size(0);
-    bag_grads.dim = dim;
-    bag_grads.segments = segments.data();
-    bag_grads.num_rows = num_unique;
-    bag_grads.bags = bags.data();
-    bag_grads.weights = bag_weights.data();
-
-    Tensor* out_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique, dim}),
-                                             &out_t));
-    T* out = out_t->flat<T>().data();
-    // Each output row is owned by one thread and summed without atomics,
-    // in id order (deterministic).
-    const int64_t cost = (num_unique ? n / num_unique + 1 : 1) * dim * 2;
-    ParallelFor(ctx, num_unique, cost, [&](int64_t k0, int64_t k1) {
-      std::vector<float> acc(dim);
-      for (int64_t k = k0; k < k1; ++k) {
-        bag_grads.Row(k, acc.data());
-        T* o = out + k * dim;
-        for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
-      }
-    });
-  }
-
- private:
-  Combiner combiner_;
-};
-
-#define REGISTER_COMBINE(T, Split)                                          \
-  REGISTER_KERNEL_BUILDER(Name("TfdeEmbeddingCombine")                      \
-                              .Device(DEVICE_CPU)                           \
-                              .TypeConstraint<T>("T")                       \
-                              .TypeConstraint<Split>("Tsplits"),            \
-                          EmbeddingCombineOp<T, Split>);                    \
-  REGISTER_KERNEL_BUILDER(Name("TfdeEmbeddingCombineGrad")                  \
-                              .Device(DEVICE_CPU)                           \
-                              .HostMemory("num_unique")                     \
-                              .TypeConstraint<T>("T")                       \
-                              .TypeConstraint<Split>("Tsplits"),            \
-                          EmbeddingCombineGradOp<T, Split>);
-#define REGISTER_COMBINE_FROM_TABLES(Index, Split)                      \
-  REGISTER_KERNEL_BUILDER(Name("TfdeCombineFromTables")                 \
-                              .Device(DEVICE_CPU)                       \
-                              .TypeConstraint<Index>("Tindices")        \
-                              .TypeConstraint<Split>("Tsplits"),        \
-                          CombineFromTablesOp<Index, Split>);
-REGISTER_COMBINE_FROM_TABLES(int32_t, int32_t);
-REGISTER_COMBINE_FROM_TABLES(int32_t, int64_t);
-REGISTER_COMBINE_FROM_TABLES(int64_t, int32_t);
-REGISTER_COMBINE_FROM_TABLES(int64_t, int64_t);
-#undef REGISTER_COMBINE_FROM_TABLES
 #define REGISTER_BAG_GRADIENT_INDEX(Split)                              \
   REGISTER_KERNEL_BUILDER(Name("TfdeBagGradientIndex")                  \
                               .Device(DEVICE_CPU)                       \
                               .HostMemory("num_unique")                 \
                               .TypeConstraint<Split>("Tsplits"),        \
-                          BagGradientIndexOp<Split>);
+                          BagGradientIndexOp<CPUDevice, Split>);
 REGISTER_BAG_GRADIENT_INDEX(int32_t);
 REGISTER_BAG_GRADIENT_INDEX(int64_t);
 #undef REGISTER_BAG_GRADIENT_INDEX
-#define REGISTER_COMBINE_ALL_SPLITS(T) \
-  REGISTER_COMBINE(T, int32_t)         \
-  REGISTER_COMBINE(T, int64_t)
-REGISTER_COMBINE_ALL_SPLITS(float);
-REGISTER_COMBINE_ALL_SPLITS(Eigen::half);
-REGISTER_COMBINE_ALL_SPLITS(Eigen::bfloat16);
-#undef REGISTER_COMBINE_ALL_SPLITS
-#undef REGISTER_COMBINE
 
 }  // namespace tfde

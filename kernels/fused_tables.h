@@ -31,7 +31,8 @@ inline Status ReadFusedTablesAttrs(OpKernelConstruction* ctx, int* num_tables,
 }
 
 // A group's tables as one fused row space, locked for reading: resolves a
-// fused row to its table's row, checking that some table holds it.
+// fused row to its table's row, checking that some table holds it. The
+// tables' memory is on the op's device (host pointers on the CPU).
 class FusedTables {
  public:
   // Locks inputs [0, num_tables) shared and checks widths and ranges.
@@ -73,6 +74,11 @@ class FusedTables {
   }
   const float* Row(int t, int64_t r) const { return data_[t] + (r - bases_[t]) * dim_; }
   int64_t dim() const { return dim_; }
+  int num_tables() const { return static_cast<int>(bases_.size()); }
+  int64_t base(int t) const { return bases_[t]; }
+  const float* data(int t) const { return data_[t]; }
+  // The first fused row past the last table.
+  int64_t end() const { return bases_.back() + num_rows_.back(); }
 
  private:
   LockedVariables vars_;

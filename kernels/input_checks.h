@@ -1,7 +1,7 @@
-// Input checks shared by the CPU kernels, the GPU kernels
-// (cuda/gpu_op_kernels.cc) and the dynamic tables' updates, so every
-// device raises the same InvalidArgument for the same mistake. Only shapes
-// and host scalars here; checks of tensor contents run where the data is.
+// Input checks shared by the op classes (for every device) and the dynamic
+// tables' updates, so every device raises the same InvalidArgument for the
+// same mistake. Only shapes and host scalars here; checks of tensor contents
+// run in the functors, where the data is (device.h).
 #ifndef TFDE_KERNELS_INPUT_CHECKS_H_
 #define TFDE_KERNELS_INPUT_CHECKS_H_
 
@@ -28,6 +28,13 @@ inline Status ParseCombiner(const std::string& name, Combiner* combiner) {
   return absl::OkStatus();
 }
 
+// The combiner attribute of an op.
+inline Status ReadCombiner(OpKernelConstruction* ctx, Combiner* combiner) {
+  std::string name;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("combiner", &name));
+  return ParseCombiner(name, combiner);
+}
+
 // A vector of ids whose positions fit the int32 indices the ops return.
 inline Status CheckIdVector(const Tensor& ids, const char* name = "ids") {
   if (ids.dims() != 1) {
@@ -40,12 +47,25 @@ inline Status CheckIdVector(const Tensor& ids, const char* name = "ids") {
   return absl::OkStatus();
 }
 
-inline Status ReadNumShards(const Tensor& t, int32_t* num_shards) {
+// A scalar input of an index type (int32 or int64, as its op's attribute
+// allows), read without narrowing.
+inline Status ReadIndexScalar(const Tensor& t, const char* name, int64_t* out) {
   if (!TensorShapeUtils::IsScalar(t.shape())) {
-    return InvalidArgument("num_shards must be a scalar, got shape ", t.shape().DebugString());
+    return InvalidArgument(name, " must be a scalar, got shape ", t.shape().DebugString());
   }
-  *num_shards = t.scalar<int32_t>()();
-  if (*num_shards <= 0) return InvalidArgument("num_shards must be positive, got ", *num_shards);
+  *out = t.dtype() == tensorflow::DT_INT64 ? t.scalar<int64_t>()()
+                                           : static_cast<int64_t>(t.scalar<int32_t>()());
+  return absl::OkStatus();
+}
+
+inline Status ReadNumShards(const Tensor& t, int32_t* num_shards) {
+  int64_t value;
+  TF_RETURN_IF_ERROR(ReadIndexScalar(t, "num_shards", &value));
+  if (value <= 0) return InvalidArgument("num_shards must be positive, got ", value);
+  if (value > std::numeric_limits<int32_t>::max()) {
+    return InvalidArgument("num_shards = ", value, " is too large; at most 2^31 - 1 shards");
+  }
+  *num_shards = static_cast<int32_t>(value);
   return absl::OkStatus();
 }
 
@@ -92,10 +112,7 @@ inline Status CheckCombineInputs(const Tensor& table_like, const char* name,
 
 // The number of unique rows a combine's gradient produces.
 inline Status ReadNumUnique(const Tensor& num_unique_t, int64_t* num_unique) {
-  if (!TensorShapeUtils::IsScalar(num_unique_t.shape())) {
-    return InvalidArgument("num_unique must be a scalar");
-  }
-  *num_unique = num_unique_t.scalar<int32_t>()();
+  TF_RETURN_IF_ERROR(ReadIndexScalar(num_unique_t, "num_unique", num_unique));
   if (*num_unique < 0) return InvalidArgument("num_unique must be >= 0, got ", *num_unique);
   return absl::OkStatus();
 }
@@ -146,58 +163,6 @@ inline Status CheckUpdateInputs(const Tensor& ids, const Tensor& grad, const Ten
     return InvalidArgument("grad must be a matrix, got shape ", grad.shape().DebugString());
   }
   return CheckUpdateInputs(ids, grad.dim_size(0), grad_rows, what, select);
-}
-
-// grad_rows in host memory (CPU kernels): every entry a row of grad.
-inline Status CheckGradRowsRange(const Tensor& grad_rows, int64_t grad_num_rows) {
-  const int32_t* rows = grad_rows.flat<int32_t>().data();
-  for (int64_t i = 0; i < grad_rows.NumElements(); ++i) {
-    if (rows[i] < 0 || rows[i] >= grad_num_rows) {
-      return InvalidArgument("grad_rows[", i, "] = ", rows[i], " is out of range [0, ",
-                             grad_num_rows, ")");
-    }
-  }
-  return absl::OkStatus();
-}
-
-// A sparse update's row indices in host memory: each in [0, num_rows) and
-// none repeated. A bitmap of the table's rows is cheaper than a hash map
-// while the table is not much larger than the batch (the usual case); a
-// huge table with few rows gets the hash map.
-template <typename Index>
-Status CheckUpdateRows(const Index* indices, int64_t n, int64_t num_rows) {
-  const auto out_of_range = [&](int64_t i) {
-    return InvalidArgument("indices[", i, "] = ", indices[i], " is out of range [0, ",
-                           num_rows, ")");
-  };
-  const auto repeated = [&](int64_t i, int64_t first) {
-    return InvalidArgument("indices[", i, "] = ", indices[i], " repeats indices[", first,
-                           "]; sum the gradients of a row before applying them");
-  };
-  if (num_rows <= 256 * n) {
-    std::vector<uint64_t> seen((num_rows + 63) / 64, 0);
-    for (int64_t i = 0; i < n; ++i) {
-      const Index row = indices[i];
-      if (row < 0 || row >= num_rows) return out_of_range(i);
-      uint64_t& word = seen[row >> 6];
-      const uint64_t bit = uint64_t{1} << (row & 63);
-      if (word & bit) {
-        int64_t first = 0;
-        while (indices[first] != row) ++first;
-        return repeated(i, first);
-      }
-      word |= bit;
-    }
-    return absl::OkStatus();
-  }
-  IdIndexMap<Index> seen(n);
-  for (int64_t i = 0; i < n; ++i) {
-    if (indices[i] < 0 || indices[i] >= num_rows) return out_of_range(i);
-    bool inserted;
-    const int32_t first = seen.FindOrInsert(indices[i], static_cast<int32_t>(i), &inserted);
-    if (!inserted) return repeated(i, first);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace tfde

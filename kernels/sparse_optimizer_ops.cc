@@ -5,6 +5,11 @@
 // to the given rows. Every index is validated (in range, not repeated)
 // before the first write, so bad input never leaves a table half-updated.
 
+#define EIGEN_USE_THREADS
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -12,9 +17,10 @@
 
 #include "bag_gradients.h"
 #include "common.h"
-#include "tensorflow/core/framework/op.h"
 #include "input_checks.h"
+#include "sparse_apply_functor.h"
 #include "sparse_updates.h"
+#include "tensorflow/core/framework/op.h"
 #include "variables.h"
 
 namespace tfde {
@@ -74,9 +80,10 @@ Status SparseApplyShape(shape_inference::InferenceContext* c, int num_vars,
       VARS                                                                       \
       .Input("indices: Tindices")                                                \
       GRAD_INPUTS                                                                \
-      .Input("grad_rows: int32")                                                 \
+      .Input("grad_rows: Tgrad_rows")                                            \
       SCALARS                                                                    \
       .Attr("Tindices: {int32, int64}")                                          \
+      .Attr("Tgrad_rows: {int32, int64} = DT_INT32")                             \
       .SetShapeFn([](shape_inference::InferenceContext* c) {                     \
         return SparseApplyShape(c, num_vars, from_bags, num_scalars);            \
       })                                                                         \
@@ -115,53 +122,12 @@ TFDE_REGISTER_SPARSE_APPLY_OPS("Ftrl", TFDE_FTRL_VARS, TFDE_FTRL_SCALARS, 3, 6,
 #undef TFDE_DENSE_GRAD_INPUTS
 #undef TFDE_BAG_GRAD_INPUTS
 
-// Where a row's gradient comes from: a [k, dim] matrix (one input) ...
-struct DenseGradients {
-  static constexpr int kNumInputs = 1;
-  const float* grad = nullptr;
-  int64_t num_rows = 0;
-  int64_t dim = 0;
-  Status Read(OpKernelContext* ctx, int first) {
-    const Tensor& t = ctx->input(first);
-    if (t.dims() != 2) {
-      return InvalidArgument("grad must be a matrix, got shape ", t.shape().DebugString());
-    }
-    grad = t.flat<float>().data();
-    num_rows = t.dim_size(0);
-    dim = t.dim_size(1);
-    return absl::OkStatus();
-  }
-  Status CheckRow(int64_t /*g*/) const { return absl::OkStatus(); }
-  const float* Row(int64_t g, float* /*scratch*/) const { return grad + g * dim; }
-};
-
-// ... or bags (four inputs), summed into `scratch`.
-struct BagGradientRows {
-  static constexpr int kNumInputs = 4;
-  BagGradients<float> bags;
-  int64_t num_rows = 0;
-  int64_t dim = 0;
-  Status Read(OpKernelContext* ctx, int first) {
-    TF_RETURN_IF_ERROR(ReadBagGradients(ctx->input(first), ctx->input(first + 1),
-                                        ctx->input(first + 2), ctx->input(first + 3),
-                                        &bags));
-    num_rows = bags.num_rows;
-    dim = bags.dim;
-    return absl::OkStatus();
-  }
-  Status CheckRow(int64_t g) const { return bags.CheckRow(g); }
-  const float* Row(int64_t g, float* scratch) const {
-    bags.Row(g, scratch);
-    return scratch;
-  }
-};
-
-// One kernel for all sparse updates: validation, locking, and a parallel
-// loop over the rows. `Update` supplies the number of variables, a Params
-// struct read from the scalar inputs in each Compute (kernels run
-// concurrently, so nothing per-call is stored in the kernel), and the
+// One op class for all sparse updates: validation, locking, and the
+// functor's loop over the rows. `Update` supplies the number of variables, a
+// Params struct read from the scalar inputs in each Compute (kernels run
+// concurrently, so nothing per call is stored in the kernel), and the
 // per-row formula; `Gradients` where each row's gradient comes from.
-template <typename Index, typename Update, typename Gradients>
+template <typename Device, typename Index, typename Update, typename Gradients>
 class SparseApplyOp : public OpKernel {
  public:
   explicit SparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -171,62 +137,155 @@ class SparseApplyOp : public OpKernel {
     constexpr int kGradRowsInput = kNumVars + 1 + Gradients::kNumInputs;
     typename Update::Params params;
     OP_REQUIRES_OK(ctx, Update::ReadParams(ctx, kGradRowsInput + 1, &params));
-    const Tensor& indices_t = ctx->input(kNumVars);
-    const Tensor& grad_rows_t = ctx->input(kGradRowsInput);
+    const Tensor& indices = ctx->input(kNumVars);
+    const Tensor& grad_rows = ctx->input(kGradRowsInput);
     Gradients grads;
     OP_REQUIRES_OK(ctx, grads.Read(ctx, kNumVars + 1));
     bool select;
-    OP_REQUIRES_OK(ctx, CheckUpdateInputs(indices_t, grads.num_rows, grad_rows_t, "indices",
+    OP_REQUIRES_OK(ctx, CheckUpdateInputs(indices, grads.num_rows, grad_rows, "indices",
                                           &select));
-    OP_REQUIRES_OK(ctx, CheckGradRowsRange(grad_rows_t, grads.num_rows));
-    const int64_t n = indices_t.NumElements();
-    const int32_t* grad_rows = select ? grad_rows_t.flat<int32_t>().data() : nullptr;
-    for (int64_t i = 0; i < n; ++i) {
-      OP_REQUIRES_OK(ctx, grads.CheckRow(grad_rows ? grad_rows[i] : i));
-    }
-
     LockedVariables vars;
     OP_REQUIRES_OK(ctx, vars.Acquire(ctx, 0, kNumVars, LockMode::kExclusive));
     OP_REQUIRES_OK(ctx, vars.CheckUpdateTargets(ctx, 0, grads.dim));
-    const int64_t dim = vars.dim();
-    const int64_t num_rows = vars.num_rows();
-    const Index* indices = indices_t.flat<Index>().data();
-    OP_REQUIRES_OK(ctx, CheckUpdateRows(indices, n, num_rows));
-    OP_REQUIRES_OK(ctx, vars.MakeWritable(ctx));
-
-    float* slots[kNumVars];
-    for (int v = 0; v < kNumVars; ++v) slots[v] = vars.Rows(v);
-    const auto rows_of = [&](int64_t i, float** rows) {
-      const int64_t offset = static_cast<int64_t>(indices[i]) * dim;
-      for (int v = 0; v < kNumVars; ++v) rows[v] = slots[v] + offset;
-      return true;
-    };
-    const auto grad_of = [&](int64_t i, float* scratch) {
-      return grads.Row(grad_rows ? grad_rows[i] : i, scratch);
-    };
-    ParallelFor(ctx, n, dim * 12, [&](int64_t i0, int64_t i1) {
-      UpdateRows<Update>(params, i0, i1, dim, grad_of, rows_of);
-    });
+    UpdateRowErrors bad;
+    OP_REQUIRES_OK(ctx, functor::FindBadUpdateRows<Device, Index>()(
+                            ctx, indices, vars.num_rows(), &grad_rows, grads.num_rows, &bad));
+    OP_REQUIRES_OK(ctx, (UpdateRowsStatus<Device, Index>(ctx, indices, vars.num_rows(),
+                                                         grad_rows, grads.num_rows, bad)));
+    OP_REQUIRES_OK(ctx, grads.CheckRows(ctx, indices.NumElements(),
+                                        select ? &grad_rows : nullptr));
+    OP_REQUIRES_OK(ctx, vars.MakeWritable(ctx, [ctx](const Tensor& from, Tensor* to) {
+      functor::CopyBuffer<Device>()(ctx, from, to);
+    }));
+    OP_REQUIRES_OK(ctx, (functor::SparseApply<Device, Index, Update, Gradients>()(
+                            ctx, params, &vars, indices, grads, select ? &grad_rows : nullptr)));
   }
 };
 
-#define REGISTER_SPARSE_APPLY_FOR(op_name, Index, Update, Gradients)     \
-  REGISTER_KERNEL_BUILDER(Name(op_name)                                   \
-                              .Device(DEVICE_CPU)                         \
-                              .TypeConstraint<Index>("Tindices"),         \
-                          SparseApplyOp<Index, Update, Gradients>);
-#define REGISTER_SPARSE_APPLY(kind, Update)                                           \
-  REGISTER_SPARSE_APPLY_FOR("TfdeSparseApply" kind, int32_t, Update, DenseGradients)  \
-  REGISTER_SPARSE_APPLY_FOR("TfdeSparseApply" kind, int64_t, Update, DenseGradients)  \
-  REGISTER_SPARSE_APPLY_FOR("TfdeSparseApply" kind "FromBags", int32_t, Update,       \
-                            BagGradientRows)                                          \
-  REGISTER_SPARSE_APPLY_FOR("TfdeSparseApply" kind "FromBags", int64_t, Update,       \
+// ---- CPU functors
+
+// Each index in [0, num_rows) and none repeated, and grad_rows in range. A
+// bitmap of the table's rows is cheaper than a hash map while the table is
+// not much larger than the batch (the usual case); a huge table with few
+// rows gets the hash map.
+template <typename Index>
+Status functor::FindBadUpdateRows<CPUDevice, Index>::operator()(
+    OpKernelContext* ctx, const Tensor& indices_t, int64_t num_rows, const Tensor* grad_rows,
+    int64_t grad_num_rows, UpdateRowErrors* bad) const {
+  if (grad_rows) {
+    TF_RETURN_IF_ERROR(grad_rows->dtype() == tensorflow::DT_INT64
+                           ? FindOutOfRange<CPUDevice, int64_t>()(
+                                 ctx, *grad_rows, 0, IndexBound(grad_num_rows), &bad->grad_row)
+                           : FindOutOfRange<CPUDevice, int32_t>()(
+                                 ctx, *grad_rows, 0, IndexBound(grad_num_rows), &bad->grad_row));
+    if (bad->grad_row >= 0) return absl::OkStatus();
+  }
+  const Index* indices = indices_t.flat<Index>().data();
+  const int64_t n = indices_t.NumElements();
+  if (num_rows <= 256 * n) {
+    std::vector<uint64_t> seen((num_rows + 63) / 64, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const Index row = indices[i];
+      if (row < 0 || row >= num_rows) {
+        bad->out_of_range = i;
+        return absl::OkStatus();
+      }
+      uint64_t& word = seen[row >> 6];
+      const uint64_t bit = uint64_t{1} << (row & 63);
+      if (word & bit) {
+        int64_t first = 0;
+        while (indices[first] != row) ++first;
+        bad->repeat = i;
+        bad->first = first;
+        return absl::OkStatus();
+      }
+      word |= bit;
+    }
+    return absl::OkStatus();
+  }
+  IdIndexMap<Index> seen(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (indices[i] < 0 || indices[i] >= num_rows) {
+      bad->out_of_range = i;
+      return absl::OkStatus();
+    }
+    bool inserted;
+    const int32_t first = seen.FindOrInsert(indices[i], static_cast<int32_t>(i), &inserted);
+    if (!inserted) {
+      bad->repeat = i;
+      bad->first = first;
+      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename Index, typename Update, typename Gradients>
+Status functor::SparseApply<CPUDevice, Index, Update, Gradients>::operator()(
+    OpKernelContext* ctx, const typename Update::Params& params, LockedVariables* vars,
+    const Tensor& indices_t, const Gradients& grads, const Tensor* grad_rows_t) const {
+  constexpr int kNumVars = Update::kNumVars;
+  const int64_t n = indices_t.NumElements();
+  const int64_t dim = vars->dim();
+  const Index* indices = indices_t.flat<Index>().data();
+  Tensor narrowed;
+  const int32_t* grad_rows = nullptr;
+  if (grad_rows_t) TF_RETURN_IF_ERROR(Int32View(ctx, *grad_rows_t, &narrowed, &grad_rows));
+  float* slots[kNumVars];
+  for (int v = 0; v < kNumVars; ++v) slots[v] = vars->Rows(v);
+  const auto rows_of = [&](int64_t i, float** rows) {
+    const int64_t offset = static_cast<int64_t>(indices[i]) * dim;
+    for (int v = 0; v < kNumVars; ++v) rows[v] = slots[v] + offset;
+    return true;
+  };
+  const auto grad_of = [&](int64_t i, float* scratch) {
+    return grads.Row(grad_rows ? grad_rows[i] : i, scratch);
+  };
+  ParallelFor(ctx, n, dim * 12, [&](int64_t i0, int64_t i1) {
+    UpdateRows<Update>(params, i0, i1, dim, grad_of, rows_of);
+  });
+  return absl::OkStatus();
+}
+
+// ---- registration: on the GPU, the scalars are read on the host, and the
+// launchers take a gradient matrix and int32 grad_rows.
+
+#define REGISTER_SPARSE_APPLY_FOR(DEV, op_name, Index, Update, Gradients, ...) \
+  REGISTER_KERNEL_BUILDER(Name(op_name)                                         \
+                              .Device(DEVICE_##DEV)                             \
+                              .TypeConstraint<Index>("Tindices") __VA_ARGS__,   \
+                          SparseApplyOp<DEV##Device, Index, Update, Gradients>);
+#define REGISTER_SPARSE_APPLY(kind, Update)                                              \
+  REGISTER_SPARSE_APPLY_FOR(CPU, "TfdeSparseApply" kind, int32_t, Update, DenseGradients) \
+  REGISTER_SPARSE_APPLY_FOR(CPU, "TfdeSparseApply" kind, int64_t, Update, DenseGradients) \
+  REGISTER_SPARSE_APPLY_FOR(CPU, "TfdeSparseApply" kind "FromBags", int32_t, Update,     \
+                            BagGradientRows)                                             \
+  REGISTER_SPARSE_APPLY_FOR(CPU, "TfdeSparseApply" kind "FromBags", int64_t, Update,     \
                             BagGradientRows)
 REGISTER_SPARSE_APPLY("Sgd", SgdUpdate);
 REGISTER_SPARSE_APPLY("Adagrad", AdagradUpdate);
 REGISTER_SPARSE_APPLY("LazyAdam", LazyAdamUpdate);
 REGISTER_SPARSE_APPLY("Ftrl", FtrlUpdate);
-#undef REGISTER_SPARSE_APPLY_FOR
 #undef REGISTER_SPARSE_APPLY
+
+#if GOOGLE_CUDA
+#define REGISTER_GPU_SPARSE_APPLY(kind, Update, HOST_SCALARS)                             \
+  REGISTER_SPARSE_APPLY_FOR(GPU, "TfdeSparseApply" kind, int32_t, Update, DenseGradients, \
+                            .HostMemory("learning_rate") HOST_SCALARS                    \
+                            .TypeConstraint<int32_t>("Tgrad_rows"))                      \
+  REGISTER_SPARSE_APPLY_FOR(GPU, "TfdeSparseApply" kind, int64_t, Update, DenseGradients, \
+                            .HostMemory("learning_rate") HOST_SCALARS                    \
+                            .TypeConstraint<int32_t>("Tgrad_rows"))
+REGISTER_GPU_SPARSE_APPLY("Sgd", SgdUpdate, )
+REGISTER_GPU_SPARSE_APPLY("Adagrad", AdagradUpdate, .HostMemory("epsilon"))
+REGISTER_GPU_SPARSE_APPLY("LazyAdam", LazyAdamUpdate,
+                          .HostMemory("beta_1").HostMemory("beta_2").HostMemory("epsilon")
+                          .HostMemory("step"))
+REGISTER_GPU_SPARSE_APPLY("Ftrl", FtrlUpdate,
+                          .HostMemory("l1").HostMemory("l2").HostMemory("l2_shrinkage")
+                          .HostMemory("beta").HostMemory("learning_rate_power"))
+#undef REGISTER_GPU_SPARSE_APPLY
+#endif  // GOOGLE_CUDA
+#undef REGISTER_SPARSE_APPLY_FOR
 
 }  // namespace tfde

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -20,6 +21,21 @@ using ::tensorflow::core::RefCountPtr;
 using ::tensorflow::errors::FailedPrecondition;
 
 enum class LockMode { kShared, kExclusive };
+
+// A dtype as Python spells it (tf.float64, not C++'s "double"), for messages
+// that the twins raise too.
+inline std::string DTypeName(tensorflow::DataType dtype) {
+  switch (dtype) {
+    case tensorflow::DT_FLOAT:
+      return "float32";
+    case tensorflow::DT_DOUBLE:
+      return "float64";
+    case tensorflow::DT_HALF:
+      return "float16";
+    default:
+      return tensorflow::DataTypeString(dtype);
+  }
+}
 
 class LockedVariables {
  public:
@@ -65,7 +81,7 @@ class LockedVariables {
       if (var->tensor()->dtype() != tensorflow::DT_FLOAT ||
           var->tensor()->dims() != 2) {
         return InvalidArgument("variable ", name, " must be a float32 matrix, got ",
-                               tensorflow::DataTypeString(var->tensor()->dtype()),
+                               DTypeName(var->tensor()->dtype()),
                                " ", var->tensor()->shape().DebugString());
       }
     }

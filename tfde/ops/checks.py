@@ -5,6 +5,9 @@ bad value, raised eagerly at once and in graphs as Assert ops.
 >>> from tfde.ops import checks
 >>> checks.first_index_where(tf.constant([False, True, True])).numpy().tolist()
 [1]
+>>> checks.index_tensor([0.0, 1.7], "inverse")
+Traceback (most recent call last):
+TypeError: inverse must be an int32 or int64 tensor, got float32
 >>> try:
 ...   checks.assert_that(tf.constant(False), "id ", tf.constant([7]), " is bad")
 ... except tf.errors.InvalidArgumentError as e:
@@ -12,6 +15,7 @@ bad value, raised eagerly at once and in graphs as Assert ops.
 id 7 is bad
 """
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -40,6 +44,16 @@ def assert_that(condition, *parts):
   return tf.debugging.Assert(condition, [message(parts)])
 
 
+def index_tensor(value, name):
+  """`value` as a tensor of an index dtype, int32 or int64; any other dtype
+  is a TypeError naming `name`, never a cast (a float index would be
+  truncated, a wider one wrapped)."""
+  tensor = tf.convert_to_tensor(value)
+  if tensor.dtype not in (tf.int32, tf.int64):
+    raise TypeError(f"{name} must be an int32 or int64 tensor, got {tensor.dtype.name}")
+  return tensor
+
+
 def first_index_where(mask):
   """The first i with mask[i], as a [0]- or [1]-shaped int64 tensor."""
   return tf.reshape(tf.where(mask), [-1])[:1]
@@ -55,3 +69,148 @@ def first_repeat(values):
   earlier = tf.gather(first_position, inverse)
   return first_index_where(tf.not_equal(earlier, tf.range(n))), earlier
 
+
+
+# ---- the kernels' checks of shapes, attributes and variables, for the twins
+#
+# Each raises at once where what it checks is static (a rank, a variable's
+# dtype, an attribute; a shape known when tracing), with the kernels' words,
+# so that a graph's own shape inference cannot answer first with another
+# error; otherwise it returns Assert ops to run before anything is written.
+
+
+def shape_string(shape):
+  """A static shape as the kernels' messages write one: [4,4] (? where a
+  dimension is unknown)."""
+  shape = tf.TensorShape(shape)
+  if shape.rank is None:
+    return "<unknown>"
+  return "[" + ",".join("?" if d is None else str(d) for d in shape.as_list()) + "]"
+
+
+def _text(part):
+  if isinstance(part, str):
+    return part
+  if isinstance(part, tf.TensorShape):
+    return shape_string(part)
+  if tf.is_tensor(part) and not tf.executing_eagerly():
+    return "?"  # a graph's value, unknown while tracing
+  return ",".join(str(x) for x in np.reshape(np.asarray(part), [-1]))
+
+
+def check(condition, *parts):
+  """[] or [an Assert op]: raises InvalidArgumentError with the message
+  `parts` at once when `condition` is a Python bool and false; a tensor
+  condition is checked as `assert_that` does."""
+  if isinstance(condition, (bool, np.bool_)):
+    if not condition:
+      raise tf.errors.InvalidArgumentError(None, None, "".join(_text(p) for p in parts))
+    return []
+  return [assert_that(condition, *parts)]
+
+
+def dim(tensor, axis):
+  """Dimension `axis` of `tensor`: an int where known when tracing, else
+  an int64 scalar tensor."""
+  static = tf.TensorShape(tensor.shape)[axis]
+  return static if static is not None else tf.shape(tensor, out_type=tf.int64)[axis]
+
+
+def num_elements(tensor):
+  """How many elements `tensor` has: an int where known, else a tensor."""
+  static = tensor.shape.num_elements()
+  return static if static is not None else tf.size(tensor, out_type=tf.int64)
+
+
+def _static(*values):
+  return all(isinstance(v, (int, np.integer)) for v in values)
+
+
+def equal(a, b):
+  """a == b for dims from `dim`: a bool where both are known, else a tensor."""
+  if _static(a, b):
+    return a == b
+  return tf.equal(tf.cast(a, tf.int64), tf.cast(b, tf.int64))
+
+
+_RANK_NAMES = {0: "scalar", 1: "vector", 2: "matrix", 3: "rank-3 tensor"}
+
+
+def shape_parts(tensor):
+  """The message parts that write `tensor`'s shape as the kernels do."""
+  if tensor.shape.is_fully_defined():
+    return [shape_string(tensor.shape)]
+  return ["[", tf.shape(tensor), "]"]
+
+
+def check_rank(tensor, rank, name):
+  """The kernels' "`name` must be a vector, got shape [2,2]"."""
+  what = f"{name} must be a {_RANK_NAMES[rank]}, got shape "
+  if tensor.shape.rank is not None:
+    return check(tensor.shape.rank == rank, what, shape_string(tensor.shape))
+  return check(tf.equal(tf.rank(tensor), rank), what, "[", tf.shape(tensor), "]")
+
+
+def check_scalars(values, names):
+  """Each of `values` a scalar, as the kernels read their hyperparameters."""
+  return [c for v, name in zip(values, names)
+          for c in check_rank(tf.convert_to_tensor(v), 0, name)]
+
+
+def check_variables(variables):
+  """The kernels' check of the variables they read or update
+  (kernels/variables.h): float32 matrices."""
+  for v in variables:
+    check(v.dtype == tf.float32 and v.shape.rank == 2,
+          f"variable {v.name} must be a float32 matrix, got {v.dtype.name} ",
+          shape_string(v.shape))
+
+
+def check_bases(bases, num_tables):
+  """The attributes of an op over a group's tables (kernels/fused_tables.h):
+  one base per table, starting at 0 and increasing."""
+  check(num_tables >= 1, f"a group needs at least one table, got {num_tables}")
+  check(len(bases) == num_tables, f"bases has {len(bases)} entries for {num_tables} tables")
+  for t, base in enumerate(bases):
+    check(base == 0 if t == 0 else base > bases[t - 1],
+          f"bases must start at 0 and increase, got bases[{t}] = {base}")
+
+
+def check_fused_tables(tables, bases):
+  """A group's tables as the kernels check them before reading
+  (FusedTables::Acquire): float32 matrices of one width, each holding at
+  least the rows of its range."""
+  check_bases(bases, len(tables))
+  check_variables(tables)
+  checks = []
+  width = dim(tables[0], 1)
+  for t, table in enumerate(tables[1:], 1):
+    checks += check(equal(dim(table, 1), width), f"table {t} has width ", dim(table, 1),
+                    " but table 0 has width ", width)
+  for t in range(len(tables) - 1):
+    need = int(bases[t + 1]) - int(bases[t])
+    rows = dim(tables[t], 0)
+    enough = rows >= need if _static(rows) else tf.greater_equal(rows, need)
+    checks += check(enough, f"table {t} has ", rows, f" rows but its range needs {need}")
+  return checks
+
+
+def check_update_inputs(ids, grad, grad_rows, what):
+  """A sparse update's `ids` (named `what`), its [k, dim] gradient and
+  grad_rows (None: gradient row i belongs to ids[i]), as the kernels check
+  them (CheckUpdateInputs): with no ids, nothing is read."""
+  checks = check_rank(ids, 1, what) + check_rank(grad, 2, "grad")
+  if grad_rows is not None:
+    checks += check_rank(grad_rows, 1, "grad_rows")
+  n = dim(ids, 0)
+  grad_num_rows = dim(grad, 0)
+  select = 0 if grad_rows is None else dim(grad_rows, 0)
+  parts = ["grad has ", grad_num_rows, " rows and grad_rows ", select, " entries but there are ",
+           n, f" {what}"]
+  if _static(n, grad_num_rows, select):
+    ok = n == 0 or (select == n if select else grad_num_rows == n)
+  else:
+    n, grad_num_rows, select = [tf.cast(x, tf.int64) for x in (n, grad_num_rows, select)]
+    ok = tf.logical_or(tf.equal(n, 0), tf.where(select > 0, tf.equal(select, n),
+                                                 tf.equal(grad_num_rows, n)))
+  return checks + check(ok, *parts)

@@ -15,8 +15,17 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from tfde.ops.checks import assert_that
+from tfde.ops.checks import check
+from tfde.ops.checks import check_rank
+from tfde.ops.checks import check_update_inputs
+from tfde.ops.checks import dim
+from tfde.ops.checks import equal
 from tfde.ops.checks import first_index_where
 from tfde.ops.checks import first_repeat
+from tfde.ops.checks import index_tensor
+from tfde.ops.checks import num_elements
+from tfde.ops.checks import shape_parts
+from tfde.ops.reference import NUM_SLOTS
 from tfde.ops.reference import ROW_UPDATES
 from tfde.ops.reference import dynamic_initial_values
 from tfde.ops.reference import embeddings_or_default
@@ -24,11 +33,17 @@ from tfde.ops.reference import scalar_checks
 from tfde.ops.reference import select_rows
 
 
-def _check_unique_ids(ids):
+def _check_unique_ids(ids, what="ids", advice="; sum the gradients of an id before "
+                      "applying them"):
   repeat, earlier = first_repeat(ids)
-  return assert_that(tf.equal(tf.size(repeat), 0), "ids[", repeat, "] = ",
-                 tf.gather(ids, repeat), " repeats ids[", tf.gather(earlier, repeat),
-                 "]; sum the gradients of an id before applying them")
+  return assert_that(tf.equal(tf.size(repeat), 0), f"{what}[", repeat, "] = ",
+                     tf.gather(ids, repeat), f" repeats {what}[", tf.gather(earlier, repeat),
+                     "]" + advice)
+
+
+def _int64(value, name):
+  """An integer input, widened to int64 (a float is a TypeError)."""
+  return tf.cast(index_tensor(value, name), tf.int64)
 
 
 def _find(table, keys):
@@ -97,13 +112,19 @@ class DynamicStoreTwin:
     """(rows of `ids`, the addresses of their rows after the lookup, -1 for
     ids without a row). With `insert`, each id counts `counts[i]` sightings
     at `step` and may be admitted."""
-    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    ids = tf.reshape(_int64(ids, "ids"), [-1])
+    step = _int64(step, "step")
+    checks = check_rank(step, 0, "step")
     if not insert:
-      return self._embeddings_of(ids), _find(self._index, ids)
-    step = tf.cast(step, tf.int64)
-    unique, inverse = tf.unique(ids, out_idx=tf.int32)
-    seen_now = tf.math.unsorted_segment_sum(tf.cast(counts, tf.int64), inverse,
-                                            tf.size(unique))
+      with tf.control_dependencies(checks):
+        return self._embeddings_of(ids), _find(self._index, ids)
+    counts = tf.zeros([0], tf.int64) if counts is None else _int64(counts, "counts")
+    checks += check(equal(num_elements(counts), dim(ids, 0)), "counts has ",
+                    num_elements(counts), " entries but there are ", dim(ids, 0), " ids")
+    with tf.control_dependencies(checks):
+      unique, inverse = tf.unique(ids, out_idx=tf.int32)
+      seen_now = tf.math.unsorted_segment_sum(tf.reshape(counts, [-1]), inverse,
+                                              tf.size(unique))
     rows = _find(self._index, unique)
     present = rows >= 0
     known_rows = tf.boolean_mask(rows, present)
@@ -142,30 +163,40 @@ class DynamicStoreTwin:
     """Applies `kind`'s update to the rows of `ids` (unique); ids without a
     row are skipped. With `by_address`, `ids` are row addresses: -1 is
     skipped, any other must be a live row. Returns how many rows changed."""
-    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
-    grad = select_rows(tf.cast(grad, tf.float32), grad_rows)
+    ids = tf.reshape(_int64(ids, "ids"), [-1])
+    grad = tf.cast(grad, tf.float32)
+    if grad_rows is not None:
+      grad_rows = index_tensor(grad_rows, "grad_rows")
+    # The kernel's order: the scalars, the inputs' shapes, then the table.
+    checks = scalar_checks(kind, scalars)
+    checks += check_update_inputs(ids, grad, grad_rows, "ids")
+    with tf.control_dependencies(checks):
+      grad = select_rows(grad, grad_rows, tf.size(ids))
+    slots = NUM_SLOTS[kind]
+    checks += check(self.spec.num_slots - 1 == slots,
+                    f"the table keeps {self.spec.num_slots - 1} optimizer slots but this "
+                    f"optimizer needs {slots}")
+    checks += check(equal(dim(grad, 1), self.spec.dim), "grad has width ", dim(grad, 1),
+                    f" but the table has width {self.spec.dim}")
     # In a TF1 graph nothing orders variable reads: read the table only
     # once the ids (which may come from this step's lookup) exist.
-    with tf.control_dependencies([ids, grad]):
+    with tf.control_dependencies(checks + [ids, grad]):
       return self._apply(kind, ids, grad, scalars, by_address)
 
   def _apply(self, kind, ids, grad, scalars, by_address):
-    n = tf.size(ids, out_type=tf.int32)
-    checks = [assert_that(tf.equal(tf.shape(grad)[0], n), "grad has ", tf.shape(grad)[0],
-                      " rows but there are ", n, " ids"),
-              assert_that(tf.equal(tf.shape(grad)[1], self.spec.dim), "grad has width ",
-                      tf.shape(grad)[1], " but the table has width ",
-                      str(self.spec.dim))] + scalar_checks(kind, scalars)
+    checks = []
     if by_address:
       size = tf.shape(self._keys, out_type=tf.int64)[0]
       has_row = tf.not_equal(ids, -1)
+      # Ids without a row (-1) never repeat: each stands in as its own
+      # negative number, so a repeat is named by its place in `ids`.
+      distinct = tf.where(has_row, ids, -2 - tf.range(tf.size(ids, out_type=tf.int64)))
+      checks.append(_check_unique_ids(distinct, "addresses"))
       bad = first_index_where(has_row & ((ids < 0) | (ids >= size)))
       checks.append(assert_that(
           tf.equal(tf.size(bad), 0), "addresses[", bad, "] = ", tf.gather(ids, bad),
           " is not a row of the table (addresses come from this step's lookup; "
           "-1 marks an id without a row)"))
-      real = tf.boolean_mask(ids, has_row)
-      checks.append(_check_unique_ids(real))
     else:
       checks.append(_check_unique_ids(ids))
     with tf.control_dependencies(checks):
@@ -192,16 +223,33 @@ class DynamicStoreTwin:
 
   def import_(self, ids, values, counts, last_seen, pending_ids, pending_counts,
               pending_last_seen):
-    ids = tf.cast(ids, tf.int64)
-    values = tf.convert_to_tensor(values, tf.float32)
-    k = tf.size(ids)
-    checks = [
-        assert_that(tf.reduce_all(tf.equal(
-            tf.shape(values), tf.stack([k, self.spec.num_slots, self.spec.dim]))),
-            "values have shape ", tf.shape(values), " but the table needs [",
-            k, ", ", str(self.spec.num_slots), ", ", str(self.spec.dim),
-            "] (ids, slots, dim)"),
-        _check_unique_ids(ids)]
+    """Replaces the contents with an export's, all checked first, as the
+    kernel does: nothing is written when any check fails."""
+    ids = _int64(ids, "ids")
+    values = tf.cast(values, tf.float32)
+    counts, last_seen = _int64(counts, "counts"), _int64(last_seen, "last_seen")
+    pending_ids = _int64(pending_ids, "pending_ids")
+    pending_counts = _int64(pending_counts, "pending_counts")
+    pending_last_seen = _int64(pending_last_seen, "pending_last_seen")
+    checks = check_rank(ids, 1, "ids")
+    k = dim(ids, 0)
+    want = [k, self.spec.num_slots, self.spec.dim]
+    if values.shape.is_fully_defined() and isinstance(k, int):
+      fits = values.shape.as_list() == want
+    else:
+      fits = tf.logical_and(tf.equal(tf.rank(values), 3), tf.reduce_all(tf.equal(
+          tf.shape(values, out_type=tf.int64), tf.cast(tf.stack(want), tf.int64))))
+    checks += check(fits, "values have shape ", *shape_parts(values),
+                    " but the table needs [", k, f", {self.spec.num_slots}, "
+                    f"{self.spec.dim}] (ids, slots, dim)")
+    for what, t, total, of in [("counts", counts, k, "ids"), ("last_seen", last_seen, k, "ids"),
+                               ("pending_counts", pending_counts, dim(pending_ids, 0),
+                                "pending ids"),
+                               ("pending_last_seen", pending_last_seen, dim(pending_ids, 0),
+                                "pending ids")]:
+      checks += check(equal(num_elements(t), total), f"{what} has ", num_elements(t),
+                      " entries for ", total, f" {of}")
+    checks.append(_check_unique_ids(ids, advice=""))
     with tf.control_dependencies(checks):
       clear = [self._index.remove(self._index.export()[0]),
                self._pending_count.remove(self._pending_count.export()[0]),
@@ -209,15 +257,16 @@ class DynamicStoreTwin:
     with tf.control_dependencies(_ops_of(clear)):
       return tf.group(
           self._values.assign(values), self._keys.assign(ids),
-          self._counts.assign(tf.cast(counts, tf.int64)),
-          self._last.assign(tf.cast(last_seen, tf.int64)),
+          self._counts.assign(counts), self._last.assign(last_seen),
           self._index.insert(ids, tf.range(tf.size(ids, out_type=tf.int64))),
-          self._pending_count.insert(pending_ids, tf.cast(pending_counts, tf.int64)),
-          self._pending_last.insert(pending_ids, tf.cast(pending_last_seen, tf.int64)))
+          self._pending_count.insert(pending_ids, pending_counts),
+          self._pending_last.insert(pending_ids, pending_last_seen))
 
   def evict(self, step, max_unseen_steps, max_rows):
     """The kernel's eviction rules; returns the evicted ids, sorted."""
-    step = tf.cast(step, tf.int64)
+    step = _int64(step, "step")
+    with tf.control_dependencies(check_rank(step, 0, "step")):
+      step = tf.identity(step)
     # Each variable read once, before any write (see lookup).
     keys, last = tf.convert_to_tensor(self._keys), tf.convert_to_tensor(self._last)
     counts, values = tf.convert_to_tensor(self._counts), tf.convert_to_tensor(self._values)

@@ -12,6 +12,7 @@ import os
 import tensorflow as tf
 
 from tfde.ops import types
+from tfde.ops.checks import index_tensor
 
 _LIBRARY_NAME = "_tfde_ops.so"
 _library = None
@@ -55,26 +56,31 @@ def _weights_or_empty(weights):
   return tf.cast(weights, tf.float32)
 
 
+# Index inputs (ids, rows, inverse, num_unique, num_shards, grad_rows) pass
+# as they are, int32 or int64: the ops take either (an index-type attribute,
+# as tf.gather's) and check every value before narrowing any.
+
+
 def unique_with_counts(ids):
-  return load().tfde_unique_with_counts(ids)
+  return load().tfde_unique_with_counts(index_tensor(ids, "ids"))
 
 
 def partition_by_shard(ids, num_shards, dynamic=False):
   return load().tfde_partition_by_shard(
-      ids, tf.cast(num_shards, tf.int32), dynamic=dynamic)
+      index_tensor(ids, "ids"), index_tensor(num_shards, "num_shards"), dynamic=dynamic)
 
 
 def embedding_combine(rows, inverse, row_splits, weights=None, combiner="sum"):
   return load().tfde_embedding_combine(
-      rows, tf.cast(inverse, tf.int32), row_splits, _weights_or_empty(weights),
+      rows, index_tensor(inverse, "inverse"), row_splits, _weights_or_empty(weights),
       combiner=combiner)
 
 
 def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
                            combiner="sum"):
   return load().tfde_embedding_combine_grad(
-      grad, tf.cast(inverse, tf.int32), row_splits, _weights_or_empty(weights),
-      tf.cast(num_unique, tf.int32), combiner=combiner)
+      grad, index_tensor(inverse, "inverse"), row_splits, _weights_or_empty(weights),
+      index_tensor(num_unique, "num_unique"), combiner=combiner)
 
 
 def _scalar(x):
@@ -82,7 +88,7 @@ def _scalar(x):
 
 
 def _rows(grad_rows):
-  return tf.zeros([0], tf.int32) if grad_rows is None else tf.cast(grad_rows, tf.int32)
+  return tf.zeros([0], tf.int32) if grad_rows is None else index_tensor(grad_rows, "grad_rows")
 
 
 # Each optimizer kind's op, for static variables and for dynamic tables.
@@ -94,12 +100,13 @@ _DYNAMIC_APPLY_OPS = {kind: op.replace("tfde_sparse_apply", "tfde_dynamic_table_
 
 def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum"):
   return load().tfde_bag_gradient_index(
-      tf.cast(inverse, tf.int32), row_splits, _weights_or_empty(weights),
-      tf.cast(num_unique, tf.int32), combiner=combiner)
+      index_tensor(inverse, "inverse"), row_splits, _weights_or_empty(weights),
+      index_tensor(num_unique, "num_unique"), combiner=combiner)
 
 
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
   handles = [v.handle for v in variables]
+  indices = index_tensor(indices, "indices")
   scalars = [_scalar(x) for x in scalars]
   if isinstance(grad, types.BagGradients):
     if _on_gpu(variables[0]):
@@ -125,19 +132,26 @@ def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
     return embedding_combine(gather_from_tables(tables, rows, bases), inverse, row_splits,
                              weights, combiner)
   return load().tfde_combine_from_tables(
-      [t.handle for t in tables], rows, tf.cast(inverse, tf.int32), row_splits,
-      _weights_or_empty(weights), bases=[int(b) for b in bases], combiner=combiner)
+      [t.handle for t in tables], index_tensor(rows, "rows"),
+      index_tensor(inverse, "inverse"), row_splits, _weights_or_empty(weights),
+      bases=[int(b) for b in bases], combiner=combiner)
 
 
 def split_rows_by_table(rows, bases):
   local_rows, positions = load().tfde_split_rows_by_table(
-      rows, num_tables=len(bases), bases=[int(b) for b in bases])
+      index_tensor(rows, "rows"), num_tables=len(bases), bases=[int(b) for b in bases])
   return list(zip(local_rows, positions))
 
 
 def gather_from_tables(tables, rows, bases):
-  return load().tfde_gather_from_tables([t.handle for t in tables], rows,
+  return load().tfde_gather_from_tables([t.handle for t in tables],
+                                        index_tensor(rows, "rows"),
                                         bases=[int(b) for b in bases])
+
+
+def _int64(value, name):
+  """An integer input of the dynamic table ops, widened to int64."""
+  return tf.cast(index_tensor(value, name), tf.int64)
 
 
 class NativeDynamicStore:
@@ -163,16 +177,15 @@ class NativeDynamicStore:
 
   def lookup(self, ids, counts, step, insert):
     """(rows, row addresses after the lookup), from one op."""
-    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
-    counts = (tf.zeros([0], tf.int64) if counts is None
-              else tf.cast(counts, tf.int64))
+    ids = tf.reshape(_int64(ids, "ids"), [-1])
+    counts = tf.zeros([0], tf.int64) if counts is None else _int64(counts, "counts")
     return load().tfde_dynamic_table_lookup(
-        self._handle, ids, counts, tf.cast(step, tf.int64), dim=self.spec.dim,
+        self._handle, ids, counts, _int64(step, "step"), dim=self.spec.dim,
         insert=insert)
 
   def apply(self, kind, ids, grad, scalars, grad_rows=None, by_address=False):
     op = getattr(load(), _DYNAMIC_APPLY_OPS[kind])
-    return op(self._handle, tf.reshape(tf.cast(ids, tf.int64), [-1]),
+    return op(self._handle, tf.reshape(_int64(ids, "ids"), [-1]),
               tf.cast(grad, tf.float32), _rows(grad_rows),
               *[_scalar(s) for s in scalars], by_address=by_address)
 
@@ -181,15 +194,15 @@ class NativeDynamicStore:
 
   def import_(self, ids, values, counts, last_seen, pending_ids, pending_counts,
               pending_last_seen):
-    cast = lambda x: tf.cast(x, tf.int64)
     return load().tfde_dynamic_table_import(
-        self._handle, cast(ids), tf.cast(values, tf.float32), cast(counts),
-        cast(last_seen), cast(pending_ids), cast(pending_counts),
-        cast(pending_last_seen))
+        self._handle, _int64(ids, "ids"), tf.cast(values, tf.float32),
+        _int64(counts, "counts"), _int64(last_seen, "last_seen"),
+        _int64(pending_ids, "pending_ids"), _int64(pending_counts, "pending_counts"),
+        _int64(pending_last_seen, "pending_last_seen"))
 
   def evict(self, step, max_unseen_steps, max_rows):
     return load().tfde_dynamic_table_evict(
-        self._handle, tf.cast(step, tf.int64),
+        self._handle, _int64(step, "step"),
         tf.constant(max_unseen_steps, tf.int64), tf.constant(max_rows, tf.int64))
 
   def stats(self):

@@ -4,7 +4,9 @@ Each function has the same signature and results as its kernel in
 `native`. They are the test oracle's second opinion, the fallback when the
 op library is absent, and what an exported SavedModel uses so that it
 serves without tfde installed. Bad input raises the same
-`tf.errors.InvalidArgumentError`, before any variable is written.
+`tf.errors.InvalidArgumentError` as the kernel (or TypeError for an index
+of another dtype), before any variable is written; a twin accepts nothing
+its kernel refuses (tfde.ops.checks holds the kernels' checks).
 
 >>> import tensorflow as tf
 >>> from tfde.ops import reference
@@ -18,9 +20,29 @@ import tensorflow as tf
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from tfde.ops.checks import assert_that
+from tfde.ops.checks import check
+from tfde.ops.checks import check_bases
+from tfde.ops.checks import check_fused_tables
+from tfde.ops.checks import check_rank
+from tfde.ops.checks import check_scalars
+from tfde.ops.checks import check_update_inputs
+from tfde.ops.checks import check_variables
+from tfde.ops.checks import dim
+from tfde.ops.checks import equal
 from tfde.ops.checks import first_index_where
 from tfde.ops.checks import first_repeat
+from tfde.ops.checks import index_tensor
+from tfde.ops.checks import shape_parts
+from tfde.ops.checks import shape_string
 from tfde.ops.types import BagGradients  # noqa: F401 (sparse_apply takes one)
+
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
+def check_combiner(combiner):
+  """The kernels' attribute check (an InvalidArgumentError at once)."""
+  check(combiner in COMBINERS,
+        f"combiner must be one of sum, mean, sqrtn; got {combiner!r}")
 
 
 def _weights_or_ones(weights, n):
@@ -32,23 +54,31 @@ def _weights_or_ones(weights, n):
                  lambda: weights)
 
 
+# Index inputs stay int32 or int64 as given (stock ops take either); no
+# value is narrowed.
+
+
 def unique_with_counts(ids):
-  ids = tf.convert_to_tensor(ids)
-  return tf.unique_with_counts(tf.reshape(ids, [-1]), out_idx=tf.int32)
+  ids = index_tensor(ids, "ids")
+  with tf.control_dependencies(check_rank(ids, 1, "ids")):
+    return tf.unique_with_counts(ids, out_idx=tf.int32)
 
 
 def partition_by_shard(ids, num_shards, dynamic=False):
-  ids = tf.convert_to_tensor(ids)
-  num_shards = tf.cast(num_shards, tf.int32)
-  checks = [assert_that(num_shards > 0, "num_shards must be positive, got ",
-                    num_shards)]
+  ids = index_tensor(ids, "ids")
+  num_shards = index_tensor(num_shards, "num_shards")
+  checks = check_rank(ids, 1, "ids") + check_rank(num_shards, 0, "num_shards") + [
+      assert_that(num_shards > 0, "num_shards must be positive, got ", num_shards),
+      assert_that(tf.cast(num_shards, tf.int64) <= 2**31 - 1, "num_shards = ",
+                  num_shards, " is too large; at most 2^31 - 1 shards")]
   if not dynamic:
     bad = first_index_where(ids < 0)
     checks.append(assert_that(tf.equal(tf.size(bad), 0), "ids[", bad, "] = ",
-                          tf.gather(ids, bad),
-                          " is negative; a static table has rows "
-                          "0..vocabulary_size-1"))
+                              tf.gather(ids, bad),
+                              " is negative; a static table has rows "
+                              "0..vocabulary_size-1"))
   with tf.control_dependencies(checks):
+    num_shards = tf.cast(num_shards, tf.int32)
     n = tf.cast(num_shards, ids.dtype)
     shard = tf.cast(tf.math.floormod(ids, n), tf.int32)
     order = tf.argsort(shard, stable=True)
@@ -61,32 +91,49 @@ def partition_by_shard(ids, num_shards, dynamic=False):
 
 
 def _ragged_checks(inverse, row_splits, weights, num_rows):
+  """The kernels' checks of a ragged batch (CheckRaggedInputs and the
+  values' checks): shapes first, then row_splits, then the inverse index."""
+  weights_for_shape = tf.zeros([0]) if weights is None else tf.convert_to_tensor(weights)
+  vectors = [inverse, row_splits, weights_for_shape]
+  what = "inverse, row_splits and weights must be vectors, got shapes "
+  ranks = [t.shape.rank for t in vectors]
+  if None not in ranks:
+    checks = check(ranks == [1, 1, 1], what,
+                   ", ".join(shape_string(t.shape) for t in vectors))
+  else:
+    shapes = []
+    for i, t in enumerate(vectors):
+      shapes += ([", "] if i else []) + ["[", tf.shape(t), "]"]
+    checks = check(tf.reduce_all([tf.equal(tf.rank(t), 1) for t in vectors]), what, *shapes)
+  checks += check(dim(row_splits, 0) >= 1 if isinstance(dim(row_splits, 0), int) else
+                  tf.size(row_splits) >= 1, "row_splits must have at least one element")
   n = tf.size(inverse, out_type=row_splits.dtype)
-  checks = [
-      assert_that(tf.size(row_splits) >= 1,
-              "row_splits must have at least one element"),
-      assert_that(tf.equal(row_splits[0], 0), "row_splits[0] must be 0, got ",
-              row_splits[:1]),
-      assert_that(tf.reduce_all(row_splits[1:] >= row_splits[:-1]),
-              "row_splits must be non-decreasing"),
-      assert_that(tf.equal(row_splits[-1], n), "row_splits[-1] = ", row_splits[-1:],
-              " must equal the number of ids, ", n),
-  ]
+  with tf.control_dependencies(checks):
+    checks += [
+        assert_that(tf.equal(row_splits[0], 0), "row_splits[0] must be 0, got ",
+                    row_splits[:1]),
+        assert_that(tf.reduce_all(row_splits[1:] >= row_splits[:-1]),
+                    "row_splits must be non-decreasing"),
+        assert_that(tf.equal(row_splits[-1], n), "row_splits[-1] = ", row_splits[-1:],
+                    " must equal the number of ids, ", n),
+    ]
   if weights is not None:
     num_weights = tf.size(weights, out_type=row_splits.dtype)
     checks.append(assert_that(
         tf.logical_or(tf.equal(num_weights, 0), tf.equal(num_weights, n)),
         "weights has ", num_weights, " elements but there are ", n,
         " ids; pass one weight per id or none"))
-  bad = first_index_where((inverse < 0) | (inverse >= num_rows))
+  bad = first_index_where((inverse < 0) |
+                          (tf.cast(inverse, tf.int64) >= tf.cast(num_rows, tf.int64)))
   checks.append(assert_that(tf.equal(tf.size(bad), 0), "inverse[", bad, "] = ",
-                        tf.gather(inverse, bad), " is out of range [0, ",
-                        num_rows, ")"))
+                            tf.gather(inverse, bad), " is out of range [0, ",
+                            num_rows, ")"))
   return checks
 
 
 def combine_coefficients(row_splits, weights, n, combiner):
   """Per id: its sample and w_i / divisor(sample), as the kernel computes."""
+  check_combiner(combiner)
   batch = tf.size(row_splits) - 1
   segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits, out_type=tf.int32)
   w = _weights_or_ones(weights, n)
@@ -94,18 +141,18 @@ def combine_coefficients(row_splits, weights, n, combiner):
     return segment_ids, w
   if combiner == "mean":
     divisor = tf.math.unsorted_segment_sum(w, segment_ids, batch)
-  elif combiner == "sqrtn":
-    divisor = tf.sqrt(tf.math.unsorted_segment_sum(w * w, segment_ids, batch))
   else:
-    raise ValueError(f"combiner must be one of sum, mean, sqrtn; got {combiner!r}")
+    divisor = tf.sqrt(tf.math.unsorted_segment_sum(w * w, segment_ids, batch))
   return segment_ids, w * tf.math.divide_no_nan(1.0, tf.gather(divisor, segment_ids))
 
 
 def embedding_combine(rows, inverse, row_splits, weights=None, combiner="sum"):
+  check_combiner(combiner)
   rows = tf.convert_to_tensor(rows)
-  inverse = tf.cast(inverse, tf.int32)
+  inverse = index_tensor(inverse, "inverse")
   row_splits = tf.convert_to_tensor(row_splits)
-  checks = _ragged_checks(inverse, row_splits, weights, tf.shape(rows)[0])
+  checks = check_rank(rows, 2, "rows")
+  checks += _ragged_checks(inverse, row_splits, weights, dim(rows, 0))
   with tf.control_dependencies(checks):
     n = tf.size(inverse)
     segment_ids, coefficient = combine_coefficients(row_splits, weights, n, combiner)
@@ -115,32 +162,44 @@ def embedding_combine(rows, inverse, row_splits, weights=None, combiner="sum"):
   return tf.cast(out, rows.dtype)
 
 
-def _checked_coefficients(inverse, row_splits, weights, num_unique, combiner):
-  """(inverse, each id's sample, each id's coefficient), after the checks of
-  the combine's gradient inputs."""
-  inverse = tf.cast(inverse, tf.int32)
+def _checked_coefficients(inverse, row_splits, weights, num_unique, combiner,
+                          checks=()):
+  """(inverse, each id's sample, each id's coefficient), after `checks` and
+  the checks of the combine's gradient inputs. The inverse comes back in
+  num_unique's dtype: stock ops that count segments (unsorted_segment_sum,
+  bincount) take the count in the ids' dtype, and unsorted_segment_sum
+  wraps an int64 count to an int32 one."""
+  check_combiner(combiner)
+  inverse = index_tensor(inverse, "inverse")
   row_splits = tf.convert_to_tensor(row_splits)
-  checks = _ragged_checks(inverse, row_splits, weights, tf.cast(num_unique, tf.int32))
+  checks = list(checks) + check_rank(num_unique, 0, "num_unique")
+  checks.append(assert_that(num_unique >= 0, "num_unique must be >= 0, got ", num_unique))
+  checks += _ragged_checks(inverse, row_splits, weights, num_unique)
   with tf.control_dependencies(checks):
     bag_of, coefficient = combine_coefficients(row_splits, weights, tf.size(inverse),
                                                combiner)
-    return tf.identity(inverse), bag_of, coefficient
+    return tf.cast(inverse, num_unique.dtype), bag_of, coefficient
 
 
 def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
                            combiner="sum"):
   grad = tf.convert_to_tensor(grad)
-  num_unique = tf.cast(num_unique, tf.int32)
-  inverse, segment_ids, coefficient = _checked_coefficients(inverse, row_splits, weights,
-                                                            num_unique, combiner)
+  row_splits = tf.convert_to_tensor(row_splits)
+  num_unique = index_tensor(num_unique, "num_unique")
+  checks = check_rank(grad, 2, "grad")
+  batch = dim(row_splits, 0) - 1 if row_splits.shape.rank == 1 else None
+  if batch is not None:
+    checks += check(equal(dim(grad, 0), batch), "grad has ", dim(grad, 0),
+                    " rows but row_splits describes ", batch, " samples")
+  inverse, segment_ids, coefficient = _checked_coefficients(
+      inverse, row_splits, weights, num_unique, combiner, checks)
   per_id = tf.cast(tf.gather(grad, segment_ids), tf.float32) * coefficient[:, None]
   out = tf.math.unsorted_segment_sum(per_id, inverse, num_unique)
   return tf.cast(out, grad.dtype)
 
 
-
 def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum"):
-  num_unique = tf.cast(num_unique, tf.int32)
+  num_unique = index_tensor(num_unique, "num_unique")
   inverse, bag_of, coefficient = _checked_coefficients(inverse, row_splits, weights,
                                                        num_unique, combiner)
   order = tf.argsort(inverse, stable=True)
@@ -150,18 +209,29 @@ def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum")
   return segments, tf.gather(bag_of, order), tf.gather(coefficient, order)
 
 
-def _update_checks(var, indices, grad):
-  """Range and duplicate checks that must pass before any write."""
-  indices = tf.convert_to_tensor(indices)
-  num_rows = tf.cast(tf.shape(var)[0], indices.dtype)
-  n = tf.size(indices, out_type=tf.int32)
+def bag_gradients_dense(grads):
+  """The [rows, dim] gradient matrix that `grads` stands for."""
+  return grads.dense()
+
+
+def _update_checks(variables, indices, grad):
+  """The kernels' checks of a sparse update's targets and rows, before any
+  write: slots shaped like the table, grad as wide, rows in range and
+  none repeated."""
+  table = variables[0]
+  checks = []
+  for v in variables[1:]:
+    checks += check(v.shape == table.shape if v.shape.is_fully_defined() and
+                    table.shape.is_fully_defined() else
+                    tf.reduce_all(tf.equal(tf.shape(v), tf.shape(table))),
+                    f"slot variable {v.name} has shape ", *shape_parts(v),
+                    " but the table has ", *shape_parts(table))
+  checks += check(equal(dim(grad, 1), dim(table, 1)), "grad has width ", dim(grad, 1),
+                  " but the table has width ", dim(table, 1))
+  num_rows = tf.cast(tf.shape(table)[0], indices.dtype)
   bad = first_index_where((indices < 0) | (indices >= num_rows))
-  checks = [
-      assert_that(tf.equal(tf.shape(grad)[0], n), "grad has ", tf.shape(grad)[0],
-              " rows but there are ", n, " indices"),
-      assert_that(tf.equal(tf.size(bad), 0), "indices[", bad, "] = ",
-              tf.gather(indices, bad), " is out of range [0, ", num_rows, ")"),
-  ]
+  checks.append(assert_that(tf.equal(tf.size(bad), 0), "indices[", bad, "] = ",
+                            tf.gather(indices, bad), " is out of range [0, ", num_rows, ")"))
   repeat, earlier = first_repeat(indices)
   checks.append(assert_that(
       tf.equal(tf.size(repeat), 0), "indices[", repeat, "] = ",
@@ -175,18 +245,23 @@ def _f32(x):
   return tf.cast(x, tf.float32)
 
 
-def select_rows(grad, grad_rows):
-  """grad[grad_rows] (checked), or grad itself when grad_rows is None."""
+def select_rows(grad, grad_rows, n):
+  """The gradient rows of n entries: grad[grad_rows] (checked), or the
+  first n rows of grad when grad_rows is None or empty, as the kernels
+  read them."""
   if grad_rows is None:
-    return grad
-  grad_rows = tf.cast(grad_rows, tf.int32)
-  bad = first_index_where((grad_rows < 0) | (grad_rows >= tf.shape(grad)[0]))
-  check = assert_that(tf.equal(tf.size(bad), 0), "grad_rows[", bad, "] = ",
-                  tf.gather(grad_rows, bad), " is out of range [0, ",
-                  tf.shape(grad)[0], ")")
-  with tf.control_dependencies([check]):
-    return tf.gather(grad, grad_rows)
-
+    return grad[:n]
+  grad_rows = index_tensor(grad_rows, "grad_rows")
+  bad = first_index_where((grad_rows < 0) |
+                          (grad_rows >= tf.shape(grad, out_type=grad_rows.dtype)[0]))
+  checked = assert_that(tf.equal(tf.size(bad), 0), "grad_rows[", bad, "] = ",
+                        tf.gather(grad_rows, bad), " is out of range [0, ",
+                        tf.shape(grad)[0], ")")
+  with tf.control_dependencies([checked]):
+    if isinstance(dim(grad_rows, 0), int) and dim(grad_rows, 0) == 0:
+      return grad[:n]
+    return tf.gather(grad, tf.cond(tf.size(grad_rows) > 0, lambda: grad_rows,
+                                   lambda: tf.range(n, dtype=grad_rows.dtype)))
 
 # The optimizers' row formulas (Keras 3's rules), on tensors: rows[0] is the
 # table's rows, rows[1:] the slots' rows; each returns the new rows.
@@ -227,23 +302,43 @@ def ftrl_rows(rows, grad, learning_rate, l1, l2, l2_shrinkage, beta,
 
 ROW_UPDATES = {"sgd": sgd_rows, "adagrad": adagrad_rows,
                "adam": lazy_adam_rows, "ftrl": ftrl_rows}
+# How many optimizer slots each kind keeps beside the table.
+NUM_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 2}
+
+
+# The scalar inputs of each kind's update, in order, as the ops name them.
+SCALAR_NAMES = {
+    "sgd": ("learning_rate",),
+    "adagrad": ("learning_rate", "epsilon"),
+    "adam": ("learning_rate", "beta_1", "beta_2", "epsilon", "step"),
+    "ftrl": ("learning_rate", "l1", "l2", "l2_shrinkage", "beta", "learning_rate_power"),
+}
 
 
 def scalar_checks(kind, scalars):
+  """The kernels' checks of an update's scalar inputs (ReadParams)."""
+  checks = check_scalars(scalars, SCALAR_NAMES[kind])
   if kind == "adam":
     step = _f32(scalars[4])
-    return [assert_that(step >= 1.0, "step must be >= 1 (1-based), got ", step)]
+    checks.append(assert_that(step >= 1.0, "step must be >= 1 (1-based), got ", step))
   if kind == "ftrl":
     lr = _f32(scalars[0])
-    return [assert_that(lr > 0.0, "learning_rate must be positive, got ", lr)]
-  return []
+    checks.append(assert_that(lr > 0.0, "learning_rate must be positive, got ", lr))
+  return checks
 
 
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
-  if isinstance(grad, BagGradients):
-    grad = grad.dense()
-  grad = select_rows(grad, grad_rows)
-  checks = _update_checks(variables[0], indices, grad) + scalar_checks(kind, scalars)
+  check_variables(variables)
+  checks = scalar_checks(kind, scalars)
+  indices = index_tensor(indices, "indices")
+  if grad_rows is not None:
+    grad_rows = index_tensor(grad_rows, "grad_rows")
+  grad = bag_gradients_dense(grad) if isinstance(grad, BagGradients) else (
+      tf.convert_to_tensor(grad))
+  checks += check_update_inputs(indices, grad, grad_rows, "indices")
+  with tf.control_dependencies(checks):
+    grad = select_rows(grad, grad_rows, tf.size(indices))
+  checks += _update_checks(variables, indices, grad)
   with tf.control_dependencies(checks):
     rows = [tf.gather(v, indices) for v in variables]
     new_rows = ROW_UPDATES[kind](rows, grad, *scalars)
@@ -251,15 +346,22 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
                      for v, r in zip(variables, new_rows)])
 
 
+def _table_of(rows, bases):
+  """Each fused row's table (-1 below the first) and its row there."""
+  base = tf.constant([int(b) for b in bases], rows.dtype)
+  table_index = tf.cast(tf.searchsorted(base, rows, side="right"), tf.int32) - 1
+  return table_index, rows - tf.gather(base, tf.maximum(table_index, 0))
+
+
 def split_rows_by_table(rows, bases):
-  rows = tf.convert_to_tensor(rows)
+  check_bases(bases, len(bases))
+  rows = index_tensor(rows, "rows")
+  checks = check_rank(rows, 1, "rows")
   bad = first_index_where(rows < 0)
-  check = assert_that(tf.equal(tf.size(bad), 0), "rows[", bad, "] = ", tf.gather(rows, bad),
-                  " is negative")
-  with tf.control_dependencies([check]):
-    base = tf.constant([int(b) for b in bases], rows.dtype)
-    table_index = tf.cast(tf.searchsorted(base, rows, side="right"), tf.int32) - 1
-    local = rows - tf.gather(base, table_index)
+  checks.append(assert_that(tf.equal(tf.size(bad), 0), "rows[", bad, "] = ",
+                            tf.gather(rows, bad), " is negative"))
+  with tf.control_dependencies(checks):
+    table_index, local = _table_of(rows, bases)
     positions = tf.range(tf.size(rows, out_type=tf.int32))
     return list(zip(tf.dynamic_partition(local, table_index, len(bases)),
                     tf.dynamic_partition(positions, table_index, len(bases))))
@@ -267,22 +369,25 @@ def split_rows_by_table(rows, bases):
 
 def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
                         combiner="sum"):
+  check_combiner(combiner)
   return embedding_combine(gather_from_tables(tables, rows, bases), inverse, row_splits,
                            weights, combiner)
 
 
 def gather_from_tables(tables, rows, bases):
-  rows = tf.convert_to_tensor(rows)
-  count = len(tables)
-  base = tf.constant([int(b) for b in bases], rows.dtype)
-  table_index = tf.cast(tf.searchsorted(base, rows, side="right"), tf.int32) - 1
-  local = rows - tf.gather(base, tf.maximum(table_index, 0))
-  sizes = tf.cast(tf.stack([tf.shape(t)[0] for t in tables]), rows.dtype)
-  bad = first_index_where((rows < 0) |
-                          (local >= tf.gather(sizes, tf.maximum(table_index, 0))))
-  check = assert_that(tf.equal(tf.size(bad), 0), "rows[", bad, "] = ",
-                  tf.gather(rows, bad), " is outside every table of the group")
-  with tf.control_dependencies([check]):
+  checks = check_fused_tables(tables, bases)
+  rows = index_tensor(rows, "rows")
+  checks += check_rank(rows, 1, "rows")
+  with tf.control_dependencies(checks):
+    count = len(tables)
+    table_index, local = _table_of(rows, bases)
+    sizes = tf.cast(tf.stack([tf.shape(t)[0] for t in tables]), rows.dtype)
+    bad = first_index_where((table_index < 0) |
+                            (local >= tf.gather(sizes, tf.maximum(table_index, 0))))
+    checks.append(assert_that(tf.equal(tf.size(bad), 0), "rows[", bad, "] = ",
+                              tf.gather(rows, bad), " is outside every table of the group"))
+  with tf.control_dependencies(checks):
+    table_index = tf.maximum(table_index, 0)
     parts = tf.dynamic_partition(local, table_index, count)
     slots = tf.dynamic_partition(tf.range(tf.size(rows)), table_index, count)
     # Read through the handles, as the kernel does: a tape then does not
@@ -290,8 +395,6 @@ def gather_from_tables(tables, rows, bases):
     gathered = [gen_resource_variable_ops.resource_gather(t.handle, p, tf.float32)
                 for t, p in zip(tables, parts)]
     return tf.dynamic_stitch(slots, gathered)
-
-
 
 
 # ---- dynamic tables' initial values

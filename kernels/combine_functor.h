@@ -1,0 +1,135 @@
+// The per-device parts of the combine ops (embedding_combine_ops.cc) and of
+// TfdeCombineFromTables (gather_from_tables_op.cc).
+#ifndef TFDE_KERNELS_COMBINE_FUNCTOR_H_
+#define TFDE_KERNELS_COMBINE_FUNCTOR_H_
+
+#include "device.h"
+#include "kernel_params.h"
+
+namespace tfde {
+
+// A checked ragged batch: the inverse index as int32 and, per id, its sample
+// (bag) and coefficient w_i / divisor(sample); all on the op's device, in
+// scratch from the context.
+struct Coefficients {
+  const int32_t* inverse = nullptr;
+  Tensor narrowed_inverse;  // an int64 inverse, narrowed once checked
+  Tensor bag_of;            // [n] int32
+  Tensor coefficient;       // [n] float
+  int64_t rows_read = 0;    // max(inverse) + 1 (CPU), for scratch sizes
+};
+
+// The lowest offending positions of a ragged batch, -1 where none: the
+// split b (0: row_splits[0] != 0; b: row_splits[b] < row_splits[b - 1];
+// batch: row_splits[batch] != the number of ids) and the id whose inverse
+// is out of range.
+struct RaggedBatchErrors {
+  int64_t split = -1;
+  int64_t inverse = -1;
+};
+
+namespace functor {
+
+// Checks row_splits and inverse (each in [0, num_rows)); when both hold,
+// fills `out` with the combiner's coefficients (weights empty: all 1).
+#define TFDE_COMBINE_COEFFICIENTS_SIGNATURE                                        \
+  Status operator()(OpKernelContext* ctx, const Tensor& inverse, const Tensor& splits, \
+                    const Tensor& weights, int64_t num_rows, Combiner combiner,    \
+                    Coefficients* out, RaggedBatchErrors* errors) const
+// out[b] = the sum over ids i of sample b of coefficient[i] * rows[inverse[i]].
+#define TFDE_EMBEDDING_COMBINE_SIGNATURE                                             \
+  Status operator()(OpKernelContext* ctx, const Tensor& rows, const Tensor& splits, \
+                    const Coefficients& c, Tensor* out) const
+// out[k] = the sum over ids i with inverse[i] == k of coefficient[i] *
+// grad[bag_of[i]], in id order (deterministic); rows no id reads are 0.
+#define TFDE_EMBEDDING_COMBINE_GRAD_SIGNATURE \
+  Status operator()(OpKernelContext* ctx, const Tensor& grad, const Coefficients& c, \
+                    Tensor* out) const
+
+template <typename Device, typename Split>
+struct CombineCoefficients;
+template <typename Device, typename T, typename Split>
+struct EmbeddingCombine;
+template <typename Device, typename T>
+struct EmbeddingCombineGrad;
+
+// The ids grouped by unique row (kernels/bag_gradients.h): segments
+// [num_unique + 1], and each entry's sample and coefficient. CPU only.
+template <typename Device>
+struct BagGradientIndex;
+
+// Defined in embedding_combine_ops.cc.
+template <typename Split>
+struct CombineCoefficients<CPUDevice, Split> {
+  TFDE_COMBINE_COEFFICIENTS_SIGNATURE;
+};
+template <typename T, typename Split>
+struct EmbeddingCombine<CPUDevice, T, Split> {
+  TFDE_EMBEDDING_COMBINE_SIGNATURE;
+};
+template <typename T>
+struct EmbeddingCombineGrad<CPUDevice, T> {
+  TFDE_EMBEDDING_COMBINE_GRAD_SIGNATURE;
+};
+template <>
+struct BagGradientIndex<CPUDevice> {
+  Status operator()(OpKernelContext* ctx, const Coefficients& c, int64_t num_unique,
+                    Tensor* segments, Tensor* bags, Tensor* bag_weights) const;
+};
+
+#if GOOGLE_CUDA
+// Defined in cuda/gpu_functors.cc (an int32 inverse only).
+template <typename Split>
+struct CombineCoefficients<GPUDevice, Split> {
+  TFDE_COMBINE_COEFFICIENTS_SIGNATURE;
+};
+template <typename T, typename Split>
+struct EmbeddingCombine<GPUDevice, T, Split> {
+  TFDE_EMBEDDING_COMBINE_SIGNATURE;
+};
+template <typename T>
+struct EmbeddingCombineGrad<GPUDevice, T> {
+  TFDE_EMBEDDING_COMBINE_GRAD_SIGNATURE;
+};
+#endif  // GOOGLE_CUDA
+
+}  // namespace functor
+
+// The checks and coefficients of a ragged batch for the op classes: runs
+// CombineCoefficients on the device and turns its findings into the ops'
+// InvalidArgument, written once for every device.
+template <typename Device, typename Split>
+Status PrepareCoefficients(OpKernelContext* ctx, const Tensor& inverse, const Tensor& splits,
+                           const Tensor& weights, int64_t num_rows, Combiner combiner,
+                           Coefficients* out) {
+  RaggedBatchErrors bad;
+  TF_RETURN_IF_ERROR(functor::CombineCoefficients<Device, Split>()(
+      ctx, inverse, splits, weights, num_rows, combiner, out, &bad));
+  const auto split = [&](int64_t b) {
+    return static_cast<int64_t>(functor::ReadElement<Device, Split>()(ctx, splits, b));
+  };
+  if (bad.split == 0) return InvalidArgument("row_splits[0] must be 0, got ", split(0));
+  if (bad.split > 0) {
+    const int64_t b = bad.split, value = split(b), before = split(b - 1);
+    if (value < before) {
+      return InvalidArgument("row_splits must be non-decreasing: row_splits[", b, "] = ",
+                             value, " < row_splits[", b - 1, "] = ", before);
+    }
+    return InvalidArgument("row_splits[-1] = ", value, " must equal the number of ids, ",
+                           inverse.NumElements());
+  }
+  if (bad.inverse >= 0) {
+    const int64_t i = bad.inverse;
+    const int64_t value =
+        inverse.dtype() == tensorflow::DT_INT64
+            ? functor::ReadElement<Device, int64_t>()(ctx, inverse, i)
+            : static_cast<int64_t>(functor::ReadElement<Device, int32_t>()(ctx, inverse, i));
+    return InvalidArgument("inverse[", i, "] = ", value, " is out of range [0, ",
+                           IndexBound(num_rows), ")");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tfde
+
+#endif  // TFDE_KERNELS_COMBINE_FUNCTOR_H_
