@@ -1,0 +1,82 @@
+"""Fuzzing as a habit (issue 18, point 2): a fixed-seed run of the
+generated malformed inputs of tests/fuzz_cases.py, every public op on the
+C++ kernels and on the pure-TF twins, each batch of cases in a child
+process so that a crash is a finding pinned to its case, not a dead test
+run. `make fuzz` runs a longer one (FUZZ_CASES, FUZZ_SEED).
+
+Per op, five properties, each a test that lists every case breaking it:
+  no_signal                no job dies of a signal (or hangs);
+  equals_oracle            a result equals the numpy oracle's, and an input
+                           the oracle refuses is refused;
+  allowed_errors           errors are InvalidArgumentError, ValueError or
+                           ResourceExhaustedError (TypeError for a wrong
+                           dtype or argument count);
+  no_state_change_on_error a refused call leaves its tables, slots and
+                           dynamic store as they were;
+  backends_agree           kernel and twin refuse the same inputs.
+
+$TFDE_FUZZ_SEED and $TFDE_FUZZ_CASES change the run.
+"""
+
+import collections
+import os
+import time
+
+import pytest
+
+import tfde.ops
+from tests import fuzz_cases
+
+SEED = int(os.environ.get("TFDE_FUZZ_SEED", 0))
+# One cycle: every op meets each of its mutations once.
+CASES = int(os.environ.get("TFDE_FUZZ_CASES", fuzz_cases.CYCLE))
+
+PROPERTIES = {
+    "no_signal": ("crash",),
+    "equals_oracle": ("wrong", "accepted", "setup-error"),
+    "allowed_errors": ("bad-error",),
+    "no_state_change_on_error": ("state-changed",),
+    "backends_agree": ("disagree",),
+}
+
+
+@pytest.fixture(scope="module")
+def fuzz_run():
+  if not tfde.ops.kernels_available():
+    if os.environ.get("TFDE_OPS") == tfde.ops.REFERENCE:
+      pytest.skip("TFDE_OPS=reference: the fuzz compares the kernels with the twins")
+    pytest.fail(f"tfde op library unavailable: {tfde.ops.native.load_error()}")
+  t0 = time.time()
+  records = fuzz_cases.run(SEED, CASES)
+  seconds = time.time() - t0
+  found = collections.defaultdict(list)
+  for f in fuzz_cases.findings(SEED, records):
+    found[(f["op"], f["kind"])].append(f["text"])
+  print("\n" + fuzz_cases.summary(SEED, records, seconds))
+  return records, found
+
+
+def test_every_op_meets_every_mutation():
+  """The fixed run covers each op's mutations (and a valid call)."""
+  if CASES < fuzz_cases.CYCLE:
+    pytest.skip(f"TFDE_FUZZ_CASES={CASES} is a partial run")
+  met = collections.defaultdict(set)
+  for index in range(CASES):
+    case = fuzz_cases.Case(SEED, index)
+    met[case.op.name].add(case.mutation)
+  for op in fuzz_cases.OPS:
+    assert met[op.name] == {"valid"} | set(op.MUTATIONS), op.name
+
+
+def test_the_run_has_every_job(fuzz_run):
+  records, _ = fuzz_run
+  assert sorted(records) == list(range(2 * CASES))
+
+
+@pytest.mark.parametrize("prop", sorted(PROPERTIES))
+@pytest.mark.parametrize("op", fuzz_cases.OP_NAMES)
+def test_fuzz(fuzz_run, op, prop):
+  _, found = fuzz_run
+  failures = [text for kind in PROPERTIES[prop] for text in found.get((op, kind), [])]
+  assert not failures, (f"{op}: {len(failures)} case(s) break {prop} (seed {SEED}):\n" +
+                        "\n".join(failures))
