@@ -104,10 +104,6 @@ def describe(x, limit=6):
   return repr(x)
 
 
-def _is_int_array(x):
-  return isinstance(x, np.ndarray) and x.dtype in (np.int32, np.int64)
-
-
 def _int_vector(x, name):
   _refuse_if(not isinstance(x, np.ndarray), f"{name} is not an array")
   _refuse_if(x.dtype not in (np.int32, np.int64), f"{name} has dtype {x.dtype}")
@@ -580,10 +576,11 @@ def _rows_mutations(key):
   }
 
 
-def _float_input_ok(x, name, half_ok=True, dtype_tag=None):
+def _float_input_ok(x, name):
+  """A [rows, dim] matrix of the kernels' float types (bfloat16 rows are
+  float32 arrays cast on the way in)."""
   _refuse_if(x.ndim != 2, f"{name} has rank {x.ndim}")
-  allowed = (np.float32, np.float16) if half_ok else (np.float32,)
-  _refuse_if(x.dtype not in allowed, f"{name} has dtype {x.dtype}")
+  _refuse_if(x.dtype not in (np.float32, np.float16), f"{name} has dtype {x.dtype}")
 
 
 def _half_tolerance(op, inp, key):
