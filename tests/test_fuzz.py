@@ -41,7 +41,7 @@ PROPERTIES = {
 
 
 @pytest.fixture(scope="module")
-def fuzz_run():
+def fuzz_run(request):
   if not tfde.ops.kernels_available():
     if os.environ.get("TFDE_OPS") == tfde.ops.REFERENCE:
       pytest.skip("TFDE_OPS=reference: the fuzz compares the kernels with the twins")
@@ -52,7 +52,19 @@ def fuzz_run():
   found = collections.defaultdict(list)
   for f in fuzz_cases.findings(SEED, records):
     found[(f["op"], f["kind"])].append(f["text"])
-  print("\n" + fuzz_cases.summary(SEED, records, seconds))
+  text = fuzz_cases.summary(SEED, records, seconds)
+  if os.environ.get("TFDE_FUZZ_REPORT"):
+    with open(os.environ["TFDE_FUZZ_REPORT"], "w") as f:
+      f.write(text + "\n")
+  # The headline on the terminal (pytest captures prints of passing tests).
+  reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+  lines = [l for l in text.splitlines() if not l.startswith(" ")][:4]
+  lines.append(f"(all of it: TFDE_FUZZ_REPORT=file, or python -m tests.fuzz_cases "
+               f"--seed {SEED} --cases {CASES})")
+  if reporter is not None:
+    reporter.write_line("")
+    for line in lines:
+      reporter.write_line(line)
   return records, found
 
 
