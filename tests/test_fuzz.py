@@ -40,6 +40,16 @@ PROPERTIES = {
 }
 
 
+class FuzzRun:
+  """The fixed run's records and its findings by (op, kind)."""
+
+  def __init__(self, records, found):
+    self.records, self.found = records, found
+
+  def __repr__(self):  # what a failing test shows of its fixture
+    return f"FuzzRun(seed {SEED}, {CASES} cases)"
+
+
 @pytest.fixture(scope="module")
 def fuzz_run(request):
   if not tfde.ops.kernels_available():
@@ -58,14 +68,16 @@ def fuzz_run(request):
       f.write(text + "\n")
   # The headline on the terminal (pytest captures prints of passing tests).
   reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+  capture = request.config.pluginmanager.get_plugin("capturemanager")
   lines = [l for l in text.splitlines() if not l.startswith(" ")][:4]
   lines.append(f"(all of it: TFDE_FUZZ_REPORT=file, or python -m tests.fuzz_cases "
                f"--seed {SEED} --cases {CASES})")
-  if reporter is not None:
-    reporter.write_line("")
-    for line in lines:
-      reporter.write_line(line)
-  return records, found
+  if reporter is not None and capture is not None:
+    with capture.global_and_fixture_disabled():
+      reporter.write_line("")
+      for line in lines:
+        reporter.write_line(line)
+  return FuzzRun(records, found)
 
 
 def test_every_op_meets_every_mutation():
@@ -81,14 +93,14 @@ def test_every_op_meets_every_mutation():
 
 
 def test_the_run_has_every_job(fuzz_run):
-  records, _ = fuzz_run
-  assert sorted(records) == list(range(2 * CASES))
+  assert sorted(fuzz_run.records) == list(range(2 * CASES))
 
 
 @pytest.mark.parametrize("prop", sorted(PROPERTIES))
 @pytest.mark.parametrize("op", fuzz_cases.OP_NAMES)
 def test_fuzz(fuzz_run, op, prop):
-  _, found = fuzz_run
-  failures = [text for kind in PROPERTIES[prop] for text in found.get((op, kind), [])]
-  assert not failures, (f"{op}: {len(failures)} case(s) break {prop} (seed {SEED}):\n" +
-                        "\n".join(failures))
+  failures = [text for kind in PROPERTIES[prop]
+              for text in fuzz_run.found.get((op, kind), [])]
+  if failures:
+    pytest.fail(f"{op}: {len(failures)} case(s) break {prop} (seed {SEED}):\n" +
+                "\n".join(failures), pytrace=False)
