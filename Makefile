@@ -7,7 +7,7 @@ TF_VERSION := 2.21.0
 HVD_TF_VERSION := 2.18.1
 PYTEST_ARGS ?=
 
-.PHONY: all env ops hvd-env test test-fast cuda-test bench demo bazel clean
+.PHONY: all env ops hvd-env test test-fast cuda-test fuzz bench demo bazel clean
 
 all: ops
 
@@ -62,6 +62,17 @@ test-fast: ops
 # pytest suffice). Part of `make test` too, where it skips without a GPU.
 cuda-test:
 	$(PYTHON) -m pytest --noconftest -q -p no:cacheprovider tests/test_cuda_kernels.py
+
+# A long fuzz run (tests/fuzz_cases.py): FUZZ_CASES generated malformed
+# calls of every public op, each on the kernels and on the twins, in child
+# processes; prints the cases tried, the distinct errors and every finding
+# (crashes, wrong results, accepted malformed input, disallowed errors, state
+# changed on an error, backends that disagree), and fails if there is one.
+# `make test` runs one fixed-seed cycle (tests/test_fuzz.py).
+FUZZ_SEED ?= 1
+FUZZ_CASES ?= 3340
+fuzz: ops
+	$(PY) -m tests.fuzz_cases --seed $(FUZZ_SEED) --cases $(FUZZ_CASES) $(FUZZ_ARGS)
 
 bench: ops
 	$(PY) bench/ops_bench.py
