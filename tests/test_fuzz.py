@@ -96,8 +96,26 @@ def test_the_run_has_every_job(fuzz_run):
   assert sorted(fuzz_run.records) == list(range(2 * CASES))
 
 
-@pytest.mark.parametrize("prop", sorted(PROPERTIES))
-@pytest.mark.parametrize("op", fuzz_cases.OP_NAMES)
+# Findings still open, each a defect of both backends (tracked in issue 18);
+# strict, so a fix shows as an unexpected pass until its line goes.
+KNOWN_OPEN = {
+    ("dynamic_store.lookup", "equals_oracle"):
+        "both backends accept counts of shape [n, 1] (they should be a vector)",
+    ("dynamic_store.import_", "equals_oracle"):
+        "both backends accept repeated pending ids, and an id that has a row "
+        "and is pending, which no export produces",
+}
+
+
+def _cases():
+  for op in fuzz_cases.OP_NAMES:
+    for prop in sorted(PROPERTIES):
+      reason = KNOWN_OPEN.get((op, prop)) if SEED == 0 else None
+      marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+      yield pytest.param(op, prop, marks=marks, id=f"{op}-{prop}")
+
+
+@pytest.mark.parametrize("op,prop", list(_cases()))
 def test_fuzz(fuzz_run, op, prop):
   failures = [text for kind in PROPERTIES[prop]
               for text in fuzz_run.found.get((op, kind), [])]

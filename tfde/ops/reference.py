@@ -139,16 +139,22 @@ def combine_coefficients(row_splits, weights, n, combiner):
   w = _weights_or_ones(weights, n)
   if combiner == "sum":
     return segment_ids, w
+  # In double, as the kernel: squares of large weights overflow float32.
+  w64 = tf.cast(w, tf.float64)
   if combiner == "mean":
-    divisor = tf.math.unsorted_segment_sum(w, segment_ids, batch)
+    divisor = tf.math.unsorted_segment_sum(w64, segment_ids, batch)
   else:
-    divisor = tf.sqrt(tf.math.unsorted_segment_sum(w * w, segment_ids, batch))
-  return segment_ids, w * tf.math.divide_no_nan(1.0, tf.gather(divisor, segment_ids))
+    divisor = tf.sqrt(tf.math.unsorted_segment_sum(w64 * w64, segment_ids, batch))
+  return segment_ids, tf.cast(
+      w64 * tf.math.divide_no_nan(tf.constant(1.0, tf.float64),
+                                  tf.gather(divisor, segment_ids)), tf.float32)
 
 
 def embedding_combine(rows, inverse, row_splits, weights=None, combiner="sum"):
   check_combiner(combiner)
   rows = tf.convert_to_tensor(rows)
+  check(rows.dtype in (tf.float32, tf.float16, tf.bfloat16),
+        f"rows must be float32, float16 or bfloat16, got {rows.dtype.name}")
   inverse = index_tensor(inverse, "inverse")
   row_splits = tf.convert_to_tensor(row_splits)
   checks = check_rank(rows, 2, "rows")
@@ -207,11 +213,6 @@ def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum")
                              dtype=tf.int64)
   segments = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(per_row)], 0)
   return segments, tf.gather(bag_of, order), tf.gather(coefficient, order)
-
-
-def bag_gradients_dense(grads):
-  """The [rows, dim] gradient matrix that `grads` stands for."""
-  return grads.dense()
 
 
 def _update_checks(variables, indices, grad):
@@ -328,13 +329,18 @@ def scalar_checks(kind, scalars):
 
 
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
+  check(len(variables) == 1 + NUM_SLOTS[kind],
+        f"{kind} updates a table and {NUM_SLOTS[kind]} slot(s), got "
+        f"{len(variables)} variables")
+  check(len(scalars) == len(SCALAR_NAMES[kind]),
+        f"{kind} takes {len(SCALAR_NAMES[kind])} scalars "
+        f"({', '.join(SCALAR_NAMES[kind])}), got {len(scalars)}")
   check_variables(variables)
   checks = scalar_checks(kind, scalars)
   indices = index_tensor(indices, "indices")
   if grad_rows is not None:
     grad_rows = index_tensor(grad_rows, "grad_rows")
-  grad = bag_gradients_dense(grad) if isinstance(grad, BagGradients) else (
-      tf.convert_to_tensor(grad))
+  grad = grad.dense() if isinstance(grad, BagGradients) else tf.convert_to_tensor(grad)
   checks += check_update_inputs(indices, grad, grad_rows, "indices")
   with tf.control_dependencies(checks):
     grad = select_rows(grad, grad_rows, tf.size(indices))
@@ -348,9 +354,13 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
 
 def _table_of(rows, bases):
   """Each fused row's table (-1 below the first) and its row there."""
-  base = tf.constant([int(b) for b in bases], rows.dtype)
-  table_index = tf.cast(tf.searchsorted(base, rows, side="right"), tf.int32) - 1
-  return table_index, rows - tf.gather(base, tf.maximum(table_index, 0))
+  # In int64: a base may not fit the rows' dtype (a later table's rows
+  # then are simply absent).
+  wide = tf.cast(rows, tf.int64)
+  base = tf.constant([int(b) for b in bases], tf.int64)
+  table_index = tf.cast(tf.searchsorted(base, wide, side="right"), tf.int32) - 1
+  local = wide - tf.gather(base, tf.maximum(table_index, 0))
+  return table_index, tf.cast(local, rows.dtype)
 
 
 def split_rows_by_table(rows, bases):

@@ -105,6 +105,19 @@ class DynamicTableSpec:
   admit_after: int = 1
   zeros_until_admitted: bool = False
 
+  def __post_init__(self):
+    # What the kernel's attributes accept, refused here for both backends.
+    for name, low in (("dim", 1), ("admit_after", 1)):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"DynamicTableSpec.{name} must be an int >= {low}, "
+                         f"got {value!r}")
+    if not isinstance(self.seed, int) or not -2**63 <= self.seed < 2**63:
+      raise ValueError(f"DynamicTableSpec.seed must be an int64, got {self.seed!r}")
+    if self.initializer not in ("zeros", "constant", "uniform", "normal",
+                                "truncated_normal"):
+      raise ValueError(f"DynamicTableSpec.initializer: unknown {self.initializer!r}")
+
   @property
   def num_slots(self):
     return 1 + len(self.slot_initial_values)
