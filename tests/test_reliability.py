@@ -198,3 +198,27 @@ def test_weights_of_another_optimizer_still_load():
   target = layer("sgd")
   target.load_own_variables(store)
   np.testing.assert_array_equal(target.tables["t"].full_table(), np.full((6, 2), 3.0))
+
+
+def test_deleted_dynamic_tables_free_their_rows():
+  """The kernel's hash table is a named resource, which TensorFlow keeps
+  until it is destroyed: a dynamic table's rows must go with the table
+  (each table here holds about 160 MB)."""
+  import gc  # pylint: disable=g-import-not-at-top
+  import resource  # pylint: disable=g-import-not-at-top
+
+  def rss():
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * resource.getpagesize()
+
+  config = tfde.TableConfig(name="d", vocabulary_size=None, embedding_dim=64,
+                            optimizer="adam")
+  after = []
+  for _ in range(6):
+    table = tfde.tables.DynamicTable(config)
+    ids = tf.range(200_000, dtype=tf.int64)
+    table.lookup_local(0, ids, tf.ones_like(ids), training=True)
+    del table
+    gc.collect()
+    after.append(rss())
+  assert after[-1] - after[0] < 200 * 2**20, [a // 2**20 for a in after]

@@ -8,6 +8,7 @@ TensorFlow; callers then fall back to the pure-TF twins in `reference`.
 """
 
 import os
+import weakref
 
 import tensorflow as tf
 
@@ -154,6 +155,14 @@ def _int64(value, name):
   return tf.cast(index_tensor(value, name), tf.int64)
 
 
+def _destroy_resource(handle, device):
+  try:
+    with tf.device(device):
+      tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
+  except Exception:  # pylint: disable=broad-except
+    pass  # interpreter shutdown: nothing left to free
+
+
 class NativeDynamicStore:
   """A dynamic table shard in the kernel's hash-table resource
   (kernels/dynamic_table_ops.cc); the interface of
@@ -174,6 +183,11 @@ class NativeDynamicStore:
           initializer_b=float(spec.initializer_b), seed=int(spec.seed),
           admit_after=int(spec.admit_after),
           zeros_until_admitted=bool(spec.zeros_until_admitted))
+    if tf.executing_eagerly():
+      # The resource manager keeps a resource made by name until it is
+      # destroyed: free the rows with the last reference to this store (in
+      # a TF1 graph they go with the session).
+      weakref.finalize(self, _destroy_resource, self._handle, device)
 
   def lookup(self, ids, counts, step, insert):
     """(rows, row addresses after the lookup), from one op."""
