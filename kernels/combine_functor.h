@@ -3,6 +3,9 @@
 #ifndef TFDE_KERNELS_COMBINE_FUNCTOR_H_
 #define TFDE_KERNELS_COMBINE_FUNCTOR_H_
 
+#include <algorithm>
+#include <vector>
+
 #include "device.h"
 #include "kernel_params.h"
 
@@ -94,6 +97,38 @@ struct EmbeddingCombineGrad<GPUDevice, T> {
 #endif  // GOOGLE_CUDA
 
 }  // namespace functor
+
+// The CPU combine loop shared by EmbeddingCombine and CombineFromTables:
+// out[b] = the sum over ids i of sample b of coefficient[i] * row_of(inverse[i])
+// (a row of `dim` T), in parallel over samples, each id's row prefetched a
+// few ids ahead.
+template <typename T, typename Split, typename RowOf>
+void CombineRows(OpKernelContext* ctx, const Tensor& splits_t, const Coefficients& c,
+                 int64_t dim, const RowOf& row_of, T* out) {
+  const int32_t* inverse = c.inverse;
+  const float* coefficient = c.coefficient.flat<float>().data();
+  const Split* splits = splits_t.flat<Split>().data();
+  const int64_t batch = splits_t.NumElements() - 1;
+  const int64_t n = c.coefficient.NumElements();
+  const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
+  ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
+    std::vector<float> acc(dim);
+    const int64_t last = splits[b1];
+    for (int64_t b = b0; b < b1; ++b) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (Split i = splits[b]; i < splits[b + 1]; ++i) {
+        if (i + kPrefetchDistance < last) {
+          PrefetchRow(row_of(inverse[i + kPrefetchDistance]), dim * sizeof(T), false);
+        }
+        const float w = coefficient[i];
+        const T* row = row_of(inverse[i]);
+        for (int64_t d = 0; d < dim; ++d) acc[d] += w * static_cast<float>(row[d]);
+      }
+      T* o = out + b * dim;
+      for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
+    }
+  });
+}
 
 // The checks and coefficients of a ragged batch for the op classes: runs
 // CombineCoefficients on the device and turns its findings into the ops'

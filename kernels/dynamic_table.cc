@@ -41,38 +41,6 @@ uint64_t IdKey(int64_t id, int64_t seed) {
   return MixId(static_cast<uint64_t>(id) ^ MixId(static_cast<uint64_t>(seed)));
 }
 
-// The initial embedding of `id`, written to out[0..dim).
-void InitialValue(const TableSpec& spec, int64_t id, float* out) {
-  const uint64_t key = IdKey(id, spec.seed);
-  for (int64_t d = 0; d < spec.dim; ++d) {
-    double v = 0.0;
-    switch (spec.init) {
-      case InitKind::kZeros:
-        break;
-      case InitKind::kConstant:
-        v = spec.init_a;
-        break;
-      case InitKind::kUniform:
-        v = spec.init_a + (spec.init_b - spec.init_a) * Uniform01(key, d, 0);
-        break;
-      case InitKind::kNormal:
-        v = spec.init_a + spec.init_b * BoxMuller(Uniform01(key, d, 0), Uniform01(key, d, 1));
-        break;
-      case InitKind::kTruncatedNormal: {
-        // Up to four draws within two standard deviations, then clipped.
-        double z = 0.0;
-        for (int k = 0; k < 4; ++k) {
-          z = BoxMuller(Uniform01(key, d, 2 * k), Uniform01(key, d, 2 * k + 1));
-          if (std::abs(z) <= 2.0) break;
-        }
-        v = spec.init_a + spec.init_b * std::min(2.0, std::max(-2.0, z));
-        break;
-      }
-    }
-    out[d] = static_cast<float>(v);
-  }
-}
-
 }  // namespace
 
 void InitialValue(const TableSpec& spec, int64_t id, float* out) {

@@ -294,31 +294,8 @@ Status functor::EmbeddingCombine<CPUDevice, T, Split>::operator()(
     Tensor* out_t) const {
   const T* rows = rows_t.flat<T>().data();
   const int64_t dim = rows_t.dim_size(1);
-  const int32_t* inverse = c.inverse;
-  const float* coefficient = c.coefficient.flat<float>().data();
-  const Split* splits = splits_t.flat<Split>().data();
-  const int64_t batch = splits_t.NumElements() - 1;
-  T* out = out_t->flat<T>().data();
-  const int64_t n = c.coefficient.NumElements();
-  const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
-  ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
-    std::vector<float> acc(dim);
-    const int64_t last = splits[b1];
-    for (int64_t b = b0; b < b1; ++b) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (Split i = splits[b]; i < splits[b + 1]; ++i) {
-        if (i + kPrefetchDistance < last) {
-          PrefetchRow(rows + static_cast<int64_t>(inverse[i + kPrefetchDistance]) * dim,
-                      dim * sizeof(T), false);
-        }
-        const float w = coefficient[i];
-        const T* row = rows + static_cast<int64_t>(inverse[i]) * dim;
-        for (int64_t d = 0; d < dim; ++d) acc[d] += w * static_cast<float>(row[d]);
-      }
-      T* o = out + b * dim;
-      for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
-    }
-  });
+  CombineRows<T, Split>(ctx, splits_t, c, dim, [rows, dim](int32_t k) { return rows + k * dim; },
+                        out_t->flat<T>().data());
   return absl::OkStatus();
 }
 

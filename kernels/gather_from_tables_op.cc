@@ -118,12 +118,22 @@ Status RowOutsideTables(OpKernelContext* ctx, const Tensor& rows, int64_t i) {
                          " is outside every table of the group");
 }
 
-template <typename Device, typename Index>
-class GatherFromTablesOp : public OpKernel {
+// The ops over a group's tables: their num_tables and bases attributes.
+class OpOverTables : public OpKernel {
  public:
-  explicit GatherFromTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit OpOverTables(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ReadFusedTablesAttrs(ctx, &num_tables_, &bases_));
   }
+
+ protected:
+  int num_tables_;
+  std::vector<int64_t> bases_;
+};
+
+template <typename Device, typename Index>
+class GatherFromTablesOp : public OpOverTables {
+ public:
+  explicit GatherFromTablesOp(OpKernelConstruction* ctx) : OpOverTables(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
     // Shared locks: concurrent lookups proceed, updates wait.
@@ -138,18 +148,12 @@ class GatherFromTablesOp : public OpKernel {
     OP_REQUIRES_OK(ctx, functor::GatherFromTables<Device, Index>()(ctx, tables, rows, out, &bad));
     OP_REQUIRES(ctx, bad < 0, (RowOutsideTables<Device, Index>(ctx, rows, bad)));
   }
-
- private:
-  int num_tables_;
-  std::vector<int64_t> bases_;
 };
 
 template <typename Device, typename Index>
-class SplitRowsByTableOp : public OpKernel {
+class SplitRowsByTableOp : public OpOverTables {
  public:
-  explicit SplitRowsByTableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadFusedTablesAttrs(ctx, &num_tables_, &bases_));
-  }
+  explicit SplitRowsByTableOp(OpKernelConstruction* ctx) : OpOverTables(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& rows = ctx->input(0);
@@ -169,17 +173,12 @@ class SplitRowsByTableOp : public OpKernel {
     };
     OP_REQUIRES_OK(ctx, functor::SplitRowsByTable<Device, Index>()(ctx, bases_, rows, allocate));
   }
-
- private:
-  int num_tables_;
-  std::vector<int64_t> bases_;
 };
 
 template <typename Device, typename Index, typename Split>
-class CombineFromTablesOp : public OpKernel {
+class CombineFromTablesOp : public OpOverTables {
  public:
-  explicit CombineFromTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadFusedTablesAttrs(ctx, &num_tables_, &bases_));
+  explicit CombineFromTablesOp(OpKernelConstruction* ctx) : OpOverTables(ctx) {
     OP_REQUIRES_OK(ctx, ReadCombiner(ctx, &combiner_));
   }
 
@@ -207,8 +206,6 @@ class CombineFromTablesOp : public OpKernel {
   }
 
  private:
-  int num_tables_;
-  std::vector<int64_t> bases_;
   Combiner combiner_;
 };
 
@@ -320,29 +317,8 @@ Status functor::CombineFromTables<CPUDevice, Index, Split>::operator()(
   *bad_row = ResolveRows(ctx, tables, rows, m,
                          [&](int64_t k, int t) { row_data[k] = tables.Row(t, rows[k]); });
   if (*bad_row >= 0) return absl::OkStatus();
-  const int32_t* inverse = c.inverse;
-  const float* coefficient = c.coefficient.flat<float>().data();
-  const int64_t n = c.coefficient.NumElements();
-  const Split* splits = splits_t.flat<Split>().data();
-  const int64_t batch = splits_t.NumElements() - 1;
-  float* out = out_t->flat<float>().data();
-  const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
-  ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
-    std::vector<float> acc(dim);
-    const int64_t last = splits[b1];
-    for (int64_t b = b0; b < b1; ++b) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (Split i = splits[b]; i < splits[b + 1]; ++i) {
-        if (i + kPrefetchDistance < last) {
-          PrefetchRow(row_data[inverse[i + kPrefetchDistance]], dim * sizeof(float), false);
-        }
-        const float* row = row_data[inverse[i]];
-        const float w = coefficient[i];
-        for (int64_t d = 0; d < dim; ++d) acc[d] += w * row[d];
-      }
-      std::copy(acc.begin(), acc.end(), out + b * dim);
-    }
-  });
+  CombineRows<float, Split>(ctx, splits_t, c, dim, [row_data](int32_t k) { return row_data[k]; },
+                            out_t->flat<float>().data());
   return absl::OkStatus();
 }
 

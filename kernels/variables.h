@@ -92,10 +92,10 @@ class LockedVariables {
   // own sparse updates do: reads copy from now on (copy_on_read_mode), and a
   // buffer still shared with an earlier read is copied once, so that read
   // keeps its value. Needs LockMode::kExclusive.
-  // `copy(from, to)` copies a buffer on the variables' device; the default
-  // is a host copy (CPU kernels), GPU kernels pass a device copy.
+  // `copy(from, to)` copies a buffer on the variables' device
+  // (functor::CopyBuffer).
   using CopyFn = std::function<void(const Tensor& from, Tensor* to)>;
-  Status MakeWritable(OpKernelContext* ctx, const CopyFn& copy = HostCopy) {
+  Status MakeWritable(OpKernelContext* ctx, const CopyFn& copy) {
     for (auto& v : vars_) {
       Var* var = v.get();
       var->copy_on_read_mode.store(true);
@@ -108,10 +108,6 @@ class LockedVariables {
       }
     }
     return absl::OkStatus();
-  }
-
-  static void HostCopy(const Tensor& from, Tensor* to) {
-    std::copy_n(from.flat<float>().data(), from.NumElements(), to->flat<float>().data());
   }
 
   // A sparse update's variables: every slot shaped like the table (the

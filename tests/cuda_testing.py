@@ -1,6 +1,7 @@
 """Builds the CUDA launchers with their C testing API (no TensorFlow), for
 tests/test_cuda_kernels.py and bench/cuda_bench.py."""
 
+import glob
 import os
 import shutil
 import subprocess
@@ -22,9 +23,9 @@ def unavailable_reason():
 def build_testing_library(path):
   """Compiles the launchers and the testing API into the shared library
   `path` for the GPU of this machine; raises with nvcc's output on failure."""
+  sources = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu.cc")))  # launchers + testing API
   cmd = ["nvcc", "-O3", "-std=c++17", "-arch=native", "-shared", "-Xcompiler", "-fPIC",
-         "-o", path, "-x", "cu", os.path.join(CUDA_DIR, "embedding_kernels.cu.cc"),
-         os.path.join(CUDA_DIR, "testing_api.cu.cc")]
+         "-o", path, "-x", "cu"] + sources
   result = subprocess.run(cmd, capture_output=True, text=True)
   if result.returncode:
     raise RuntimeError(f"nvcc failed:\n{result.stderr}")

@@ -1,10 +1,13 @@
-// CUDA implementations of the launchers in embedding_kernels.cu.h.
+// CUDA implementations of the launchers in embedding_kernels.cu.h built on
+// CUB's sorts: the checks for repeats, unique, partition and the combine's
+// gradient (dense_kernels.cu.cc has the others).
 //
 // Sorting (CUB's stable radix sort) replaces the CPU kernels' hash maps:
 // stability keeps every result in the same order as on the CPU (unique ids
 // by first appearance, shards stable), so the GPU and CPU kernels agree and
 // are checked against the same oracles.
 #include "embedding_kernels.cu.h"
+#include "launch_helpers.cu.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -17,25 +20,6 @@
 namespace tfde {
 namespace gpu {
 namespace {
-
-constexpr int kThreads = 256;
-
-// Grid-stride loops: enough blocks to fill the device, never more than the
-// grid limit.
-inline int BlocksFor(int64_t work) {
-  const int64_t blocks = (work + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > (1 << 20) ? (1 << 20) : blocks));
-}
-
-#define TFDE_GRID_STRIDE(i, n)                                                  \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; \
-       i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-
-#define TFDE_RETURN_IF_CUDA_ERROR(...)   \
-  do {                                  \
-    const cudaError_t _err = (__VA_ARGS__); \
-    if (_err != cudaSuccess) return _err; \
-  } while (0)
 
 // Carves one workspace into aligned buffers; with base == nullptr it only
 // measures.
@@ -60,21 +44,6 @@ int BitsFor(int64_t max_value) {
   int bits = 1;
   while (bits < 63 && (int64_t{1} << bits) <= max_value) ++bits;
   return bits;
-}
-
-__device__ __forceinline__ float ToFloat(float x) { return x; }
-__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
 }
 
 template <typename T>
@@ -204,73 +173,6 @@ __global__ void CountShards(const int32_t* sorted_keys, int64_t n, int32_t num_s
   }
 }
 
-// ---- gather ----
-
-template <typename Index>
-__global__ void GatherKernel(const TableGroup group, int64_t dim, const Index* rows,
-                             int64_t n, float* out) {
-  TFDE_GRID_STRIDE(e, n * dim) {
-    const int64_t i = e / dim;
-    const int64_t d = e - i * dim;
-    const int64_t r = static_cast<int64_t>(rows[i]);
-    if (r < group.base[0] || r >= group.end) continue;
-    int t = group.count - 1;
-    while (group.base[t] > r) --t;
-    out[e] = group.data[t][(r - group.base[t]) * dim + d];
-  }
-}
-
-// ---- combine ----
-
-template <typename Split>
-__global__ void CoefficientsKernel(const Split* splits, int64_t batch, const float* weights,
-                                   Combiner combiner, int32_t* bag_of, float* coefficient) {
-  // One warp per sample.
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
-  for (int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
-       b < batch; b += warps) {
-    const int64_t begin = splits[b], end = splits[b + 1];
-    double sum = 0.0, sum_sq = 0.0;
-    for (int64_t i = begin + lane; i < end; i += 32) {
-      const double w = weights ? weights[i] : 1.0;
-      sum += w;
-      sum_sq += w * w;
-    }
-    for (int offset = 16; offset > 0; offset /= 2) {
-      sum += __shfl_down_sync(0xffffffffu, sum, offset);
-      sum_sq += __shfl_down_sync(0xffffffffu, sum_sq, offset);
-    }
-    sum = __shfl_sync(0xffffffffu, sum, 0);
-    sum_sq = __shfl_sync(0xffffffffu, sum_sq, 0);
-    double scale = 1.0;
-    if (combiner == Combiner::kMean) {
-      scale = sum == 0.0 ? 0.0 : 1.0 / sum;
-    } else if (combiner == Combiner::kSqrtn) {
-      scale = sum_sq == 0.0 ? 0.0 : 1.0 / sqrt(sum_sq);
-    }
-    for (int64_t i = begin + lane; i < end; i += 32) {
-      coefficient[i] = static_cast<float>((weights ? weights[i] : 1.0) * scale);
-      bag_of[i] = static_cast<int32_t>(b);
-    }
-  }
-}
-
-template <typename T, typename Split>
-__global__ void CombineKernel(const T* rows, int64_t dim, const int32_t* inverse,
-                              const Split* splits, int64_t batch, const float* coefficient,
-                              T* out) {
-  TFDE_GRID_STRIDE(e, batch * dim) {
-    const int64_t b = e / dim;
-    const int64_t d = e - b * dim;
-    float acc = 0.0f;
-    for (int64_t i = splits[b]; i < splits[b + 1]; ++i) {
-      acc += coefficient[i] * ToFloat(rows[static_cast<int64_t>(inverse[i]) * dim + d]);
-    }
-    out[e] = FromFloat<T>(acc);
-  }
-}
-
 __global__ void RowBegins(const int32_t* sorted_inverse, int64_t n, int64_t num_unique,
                           int32_t* row_begin) {
   TFDE_GRID_STRIDE(k, num_unique + 1) {
@@ -332,60 +234,6 @@ __global__ void RowSumsKernel(const float* partial, int64_t dim, const int32_t* 
       acc += partial[static_cast<int64_t>(c) * dim + d];
     }
     out[e] = FromFloat<T>(acc);
-  }
-}
-
-// ---- optimizers ----
-
-struct VarPointers {
-  float* v[3];
-};
-
-__device__ __forceinline__ void ApplyElement(const SgdParams& p, const VarPointers&,
-                                             int64_t at, float* w, float g) {
-  w[at] -= p.lr * g;
-}
-
-__device__ __forceinline__ void ApplyElement(const AdagradParams& p, const VarPointers& vars,
-                                             int64_t at, float* w, float g) {
-  float* acc = vars.v[1];
-  acc[at] += g * g;
-  w[at] -= p.lr * g / sqrtf(acc[at] + p.epsilon);
-}
-
-__device__ __forceinline__ void ApplyElement(const LazyAdamParams& p, const VarPointers& vars,
-                                             int64_t at, float* w, float g) {
-  float* m = vars.v[1];
-  float* v = vars.v[2];
-  m[at] += (g - m[at]) * (1.0f - p.beta_1);
-  v[at] += (g * g - v[at]) * (1.0f - p.beta_2);
-  w[at] -= m[at] * p.alpha / (sqrtf(v[at]) + p.epsilon);
-}
-
-__device__ __forceinline__ void ApplyElement(const FtrlParams& p, const VarPointers& vars,
-                                             int64_t at, float* w, float g) {
-  float* acc = vars.v[1];
-  float* linear = vars.v[2];
-  const float grad_to_use = g + 2.0f * p.l2_shrinkage * w[at];
-  const float new_acc = acc[at] + g * g;
-  const float new_acc_pow = powf(new_acc, -p.lr_power);
-  linear[at] += grad_to_use - (new_acc_pow - powf(acc[at], -p.lr_power)) / p.lr * w[at];
-  const float quadratic = new_acc_pow / p.lr + 2.0f * p.l2_total;
-  const float clipped = fminf(fmaxf(linear[at], -p.l1), p.l1);
-  w[at] = (clipped - linear[at]) / quadratic;
-  acc[at] = new_acc;
-}
-
-template <typename Index, typename Params>
-__global__ void SparseApplyKernel(const Params params, const VarPointers vars, int64_t dim,
-                                  const Index* indices, int64_t n, const float* grad,
-                                  const int32_t* grad_rows) {
-  TFDE_GRID_STRIDE(e, n * dim) {
-    const int64_t i = e / dim;
-    const int64_t d = e - i * dim;
-    const int64_t g_row = grad_rows ? grad_rows[i] : i;
-    ApplyElement(params, vars, static_cast<int64_t>(indices[i]) * dim + d, vars.v[0],
-                 grad[g_row * dim + d]);
   }
 }
 
@@ -529,34 +377,6 @@ cudaError_t PartitionByShard(cudaStream_t stream, const Id* ids, int64_t n,
   return cudaGetLastError();
 }
 
-template <typename Index>
-cudaError_t GatherFromTables(cudaStream_t stream, const TableGroup& group, int64_t dim,
-                             const Index* rows, int64_t n, float* out) {
-  if (n == 0 || dim == 0) return cudaSuccess;
-  GatherKernel<<<BlocksFor(n * dim), kThreads, 0, stream>>>(group, dim, rows, n, out);
-  return cudaGetLastError();
-}
-
-template <typename Split>
-cudaError_t CombineCoefficients(cudaStream_t stream, const Split* splits, int64_t batch,
-                                const float* weights, Combiner combiner, int32_t* bag_of,
-                                float* coefficient) {
-  if (batch == 0) return cudaSuccess;
-  CoefficientsKernel<<<BlocksFor(batch * 32), kThreads, 0, stream>>>(
-      splits, batch, weights, combiner, bag_of, coefficient);
-  return cudaGetLastError();
-}
-
-template <typename T, typename Split>
-cudaError_t EmbeddingCombine(cudaStream_t stream, const T* rows, int64_t dim,
-                             const int32_t* inverse, const Split* splits, int64_t batch,
-                             const float* coefficient, T* out) {
-  if (batch == 0 || dim == 0) return cudaSuccess;
-  CombineKernel<<<BlocksFor(batch * dim), kThreads, 0, stream>>>(
-      rows, dim, inverse, splits, batch, coefficient, out);
-  return cudaGetLastError();
-}
-
 template <typename T>
 cudaError_t EmbeddingCombineGrad(cudaStream_t stream, const T* grad, int64_t dim,
                                  const int32_t* inverse, int64_t n, const int32_t* bag_of,
@@ -607,21 +427,6 @@ cudaError_t EmbeddingCombineGrad(cudaStream_t stream, const T* grad, int64_t dim
   return cudaGetLastError();
 }
 
-template <typename Index, typename Params>
-cudaError_t SparseApply(cudaStream_t stream, const Params& params, float* const* vars,
-                        int64_t dim, const Index* indices, int64_t n, const float* grad,
-                        const int32_t* grad_rows) {
-  if (n == 0 || dim == 0) return cudaSuccess;
-  VarPointers pointers{{vars[0], nullptr, nullptr}};
-  constexpr int kSlots = std::is_same<Params, SgdParams>::value       ? 0
-                         : std::is_same<Params, AdagradParams>::value ? 1
-                                                                      : 2;
-  for (int s = 1; s <= kSlots; ++s) pointers.v[s] = vars[s];
-  SparseApplyKernel<Index, Params><<<BlocksFor(n * dim), kThreads, 0, stream>>>(
-      params, pointers, dim, indices, n, grad, grad_rows);
-  return cudaGetLastError();
-}
-
 #define TFDE_INSTANTIATE_ID(Id)                                                         \
   template cudaError_t FindOutOfRange<Id>(cudaStream_t, const Id*, int64_t, int64_t,    \
                                           int64_t, unsigned long long*);                \
@@ -632,36 +437,13 @@ cudaError_t SparseApply(cudaStream_t stream, const Params& params, float* const*
   template cudaError_t PartitionByShard<Id>(cudaStream_t, const Id*, int64_t, int32_t,  \
                                             bool, void*, size_t*, Id*, int32_t*,        \
                                             int32_t*);                                  \
-  template cudaError_t GatherFromTables<Id>(cudaStream_t, const TableGroup&, int64_t,   \
-                                            const Id*, int64_t, float*);                \
   template cudaError_t FindBadSplit<Id>(cudaStream_t, const Id*, int64_t, int64_t,      \
-                                        unsigned long long*);                           \
-  template cudaError_t CombineCoefficients<Id>(cudaStream_t, const Id*, int64_t,        \
-                                               const float*, Combiner, int32_t*,        \
-                                               float*);                                 \
-  template cudaError_t SparseApply<Id, SgdParams>(cudaStream_t, const SgdParams&,       \
-                                                  float* const*, int64_t, const Id*,    \
-                                                  int64_t, const float*, const int32_t*); \
-  template cudaError_t SparseApply<Id, AdagradParams>(                                  \
-      cudaStream_t, const AdagradParams&, float* const*, int64_t, const Id*, int64_t,   \
-      const float*, const int32_t*);                                                    \
-  template cudaError_t SparseApply<Id, LazyAdamParams>(                                 \
-      cudaStream_t, const LazyAdamParams&, float* const*, int64_t, const Id*, int64_t,  \
-      const float*, const int32_t*);                                                    \
-  template cudaError_t SparseApply<Id, FtrlParams>(cudaStream_t, const FtrlParams&,     \
-                                                   float* const*, int64_t, const Id*,   \
-                                                   int64_t, const float*, const int32_t*);
+                                        unsigned long long*);
 TFDE_INSTANTIATE_ID(int32_t)
 TFDE_INSTANTIATE_ID(int64_t)
 #undef TFDE_INSTANTIATE_ID
 
 #define TFDE_INSTANTIATE_ROWS(T)                                                        \
-  template cudaError_t EmbeddingCombine<T, int32_t>(cudaStream_t, const T*, int64_t,    \
-                                                    const int32_t*, const int32_t*,     \
-                                                    int64_t, const float*, T*);         \
-  template cudaError_t EmbeddingCombine<T, int64_t>(cudaStream_t, const T*, int64_t,    \
-                                                    const int32_t*, const int64_t*,     \
-                                                    int64_t, const float*, T*);         \
   template cudaError_t EmbeddingCombineGrad<T>(cudaStream_t, const T*, int64_t,         \
                                                const int32_t*, int64_t, const int32_t*, \
                                                const float*, int64_t, void*, size_t*, T*);

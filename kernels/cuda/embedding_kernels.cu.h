@@ -1,8 +1,8 @@
 // CUDA launchers behind tfde's GPU op kernels.
 //
 // This header has no TensorFlow in it on purpose: the same launchers are
-// called by the TF op kernels (gpu_op_kernels.cc, built where TensorFlow has
-// CUDA) and by a small C testing API (testing_api.cu.cc) that checks them
+// called by the TF op kernels' GPU functors (gpu_functors.cc, built where
+// TensorFlow has CUDA) and by a small C testing API (testing_api.cu.cc) that checks them
 // against the numpy oracles on any machine with nvcc and a GPU, with no
 // CUDA-enabled TensorFlow needed.
 //

@@ -2,7 +2,7 @@
 // CUDA-enabled TensorFlow: tests/test_cuda_kernels.py loads it with ctypes
 // and compares every result with the numpy oracles. Each call copies its
 // inputs to the device, runs the same check-then-launch sequence as the TF
-// op kernels (gpu_op_kernels.cc), copies results back and synchronizes.
+// GPU functors (gpu_functors.cc), copies results back and synchronizes.
 //
 // Returns 0, or the CUDA error code. A failed input check is not an error
 // of the call: it comes back in a `first_bad` argument (kNoError if none),

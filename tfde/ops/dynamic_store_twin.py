@@ -1,4 +1,4 @@
-"""The twin of a dynamic table shard (kernels/dynamic_table_ops.cc): stock
+"""The twin of a dynamic table shard (kernels/dynamic_table.h and its ops): stock
 TF hash tables and variables with the kernel resource's behaviour.
 
 >>> import tensorflow as tf

@@ -165,7 +165,7 @@ def _destroy_resource(handle, device):
 
 class NativeDynamicStore:
   """A dynamic table shard in the kernel's hash-table resource
-  (kernels/dynamic_table_ops.cc); the interface of
+  (kernels/dynamic_table.h and dynamic_table_ops.cc); the interface of
   `tfde.ops.dynamic_store_twin.DynamicStoreTwin`."""
 
   _count = 0
