@@ -25,11 +25,11 @@ import time
 import pytest
 
 import tfde.ops
-from tests import fuzz_cases
+from tests import fuzz_cases, fuzz_runner
 
 SEED = int(os.environ.get("TFDE_FUZZ_SEED", 0))
 # One cycle: every op meets each of its mutations once.
-CASES = int(os.environ.get("TFDE_FUZZ_CASES", fuzz_cases.CYCLE))
+CASES = int(os.environ.get("TFDE_FUZZ_CASES", fuzz_runner.CYCLE))
 
 PROPERTIES = {
     "no_signal": ("crash",),
@@ -57,7 +57,7 @@ def fuzz_run(request):
       pytest.skip("TFDE_OPS=reference: the fuzz compares the kernels with the twins")
     pytest.fail(f"tfde op library unavailable: {tfde.ops.native.load_error()}")
   t0 = time.time()
-  records = fuzz_cases.run(SEED, CASES)
+  records = fuzz_runner.run(SEED, CASES)
   seconds = time.time() - t0
   found = collections.defaultdict(list)
   for f in fuzz_cases.findings(SEED, records):
@@ -82,13 +82,13 @@ def fuzz_run(request):
 
 def test_every_op_meets_every_mutation():
   """The fixed run covers each op's mutations (and a valid call)."""
-  if CASES < fuzz_cases.CYCLE:
+  if CASES < fuzz_runner.CYCLE:
     pytest.skip(f"TFDE_FUZZ_CASES={CASES} is a partial run")
   met = collections.defaultdict(set)
   for index in range(CASES):
-    case = fuzz_cases.Case(SEED, index)
+    case = fuzz_runner.Case(SEED, index)
     met[case.op.name].add(case.mutation)
-  for op in fuzz_cases.OPS:
+  for op in fuzz_runner.OPS:
     assert met[op.name] == {"valid"} | set(op.MUTATIONS), op.name
 
 
@@ -108,7 +108,7 @@ KNOWN_OPEN = {
 
 
 def _cases():
-  for op in fuzz_cases.OP_NAMES:
+  for op in fuzz_runner.OP_NAMES:
     for prop in sorted(PROPERTIES):
       reason = KNOWN_OPEN.get((op, prop)) if SEED == 0 else None
       marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []

@@ -1,0 +1,113 @@
+"""Fuzz cases of the id ops: unique_with_counts and partition_by_shard."""
+
+import numpy as np
+
+from tests import oracles
+from tests.fuzz_oracle import (I32_MAX, I64_MAX, I64_MIN, WRAP, Op, _check_bytes,
+                               _int_scalar, _int_vector, _pick, _refuse_if, _set, _t)
+
+
+# ---- unique_with_counts
+
+
+class Unique(Op):
+  name = "unique_with_counts"
+
+  def valid(self, rng):
+    n = int(rng.integers(0, 30))
+    dtype = rng.choice([np.int32, np.int64])
+    return dict(ids=rng.integers(-5, 12, size=n).astype(dtype))
+
+  def _extremes(rng, inp):
+    ids = np.concatenate([inp["ids"].astype(np.int64),
+                          [I64_MAX, I64_MIN, WRAP + 1, 1, -1, I64_MAX]])
+    return _set(inp, "ids", rng.permutation(ids), "with int64 extremes")
+
+  MUTATIONS = {
+      "rank0": ("rank", lambda rng, inp: _set(inp, "ids", np.array(7, inp["ids"].dtype),
+                                             "a scalar")),
+      "rank2": ("rank", lambda rng, inp: inp["ids"].size > 0 and _set(
+          inp, "ids", inp["ids"].reshape(-1, 1), "with shape [n, 1]")),
+      "float_ids": ("dtype", lambda rng, inp: _set(inp, "ids", inp["ids"] + 0.5,
+                                                   "float64 + 0.5")),
+      "bool_ids": ("dtype", lambda rng, inp: _set(inp, "ids", inp["ids"] > 0, "bool")),
+      "empty": ("empty", lambda rng, inp: _set(inp, "ids", inp["ids"][:0], "empty")),
+      "int64_extremes": ("extreme", _extremes),
+  }
+
+  def oracle(self, inp):
+    _int_vector(inp["ids"], "ids")
+    return dict(result=list(oracles.unique_first_appearance(inp["ids"])))
+
+  def call(self, inp, ctx, tf, tfde):
+    return [x.numpy() for x in tfde.ops.unique_with_counts(_t(tf, inp["ids"]))]
+
+
+# ---- partition_by_shard
+
+
+class Partition(Op):
+  name = "partition_by_shard"
+
+  def valid(self, rng):
+    dynamic = bool(rng.integers(0, 2))
+    n = int(rng.integers(0, 30))
+    lo = -50 if dynamic else 0
+    ids = rng.integers(lo, 1000, size=n).astype(rng.choice([np.int32, np.int64]))
+    return dict(ids=ids, num_shards=int(rng.integers(1, 9)), dynamic=dynamic)
+
+  def _shards(value):
+    return lambda rng, inp: _set(inp, "num_shards", value, f"= {value}")
+
+  def _id(make, note):
+    def mutate(rng, inp):
+      ids = inp["ids"].astype(np.int64)
+      if ids.size == 0:
+        return False
+      i = _pick(rng, ids)
+      ids[i] = make(rng)
+      return _set(inp, "ids", ids, f"[{i}] = {ids[i]} {note}")
+    return mutate
+
+  MUTATIONS = {
+      "num_shards_0": ("value", _shards(0)),
+      "num_shards_negative": ("negative", _shards(-3)),
+      "num_shards_wraps_int32": ("extreme", _shards(WRAP + 2)),
+      "num_shards_2**31": ("extreme", _shards(2**31)),
+      "num_shards_int32_max": ("huge", _shards(I32_MAX)),
+      "num_shards_1e12": ("huge", _shards(10**12)),
+      "num_shards_int64_min": ("extreme", _shards(I64_MIN)),
+      "num_shards_vector": ("rank", lambda rng, inp: _set(inp, "num_shards",
+                                                          np.array([2], np.int32), "[2]")),
+      "num_shards_float": ("dtype", _shards(2.5)),
+      "negative_id": ("negative", _id(lambda rng: -int(rng.integers(1, 100)), "")),
+      "id_int64_max": ("extreme", _id(lambda rng: I64_MAX, "")),
+      "id_int64_min": ("extreme", _id(lambda rng: I64_MIN, "")),
+      "ids_rank2": ("rank", lambda rng, inp: inp["ids"].size > 0 and _set(
+          inp, "ids", inp["ids"].reshape(1, -1), "with shape [1, n]")),
+      "ids_float": ("dtype", lambda rng, inp: _set(inp, "ids", inp["ids"] + 0.5,
+                                                   "float64 + 0.5")),
+      "ids_empty": ("empty", lambda rng, inp: _set(inp, "ids", inp["ids"][:0], "empty")),
+  }
+
+  def oracle(self, inp):
+    ids = inp["ids"]
+    _int_vector(ids, "ids")
+    n = _int_scalar(inp["num_shards"], "num_shards", 1, I32_MAX)
+    _check_bytes(4 * n, "shard_counts")
+    ids64 = ids.astype(object)  # exact floor division and modulo
+    if not inp["dynamic"]:
+      _refuse_if(bool((ids < 0).any()), "negative id of a static table")
+    shard = np.array([int(x) % n for x in ids64], np.int64)
+    order = np.argsort(shard, kind="stable")
+    local = ids[order] if inp["dynamic"] else np.array(
+        [int(x) // n for x in ids64[order]], np.int64)
+    counts = np.bincount(shard, minlength=n)
+    positions = np.empty_like(order)
+    positions[order] = np.arange(len(ids))
+    return dict(result=[local, counts, positions])
+
+  def call(self, inp, ctx, tf, tfde):
+    out = tfde.ops.partition_by_shard(_t(tf, inp["ids"]), inp["num_shards"],
+                                      dynamic=inp["dynamic"])
+    return [x.numpy() for x in out]
