@@ -94,7 +94,7 @@ bazel: $(VENV)/.ready
 	    --override_repository=rules_java=$(CURDIR)/third_party/rules_java_shim \
 	    //:tfde_ops
 	TFDE_OPS_LIBRARY=$(CURDIR)/bazel-bin/libtfde_ops.so $(PY) -m pytest -q \
-	    -p no:cacheprovider tests/test_ops.py
+	    -p no:cacheprovider tests/test_ops.py tests/test_ops_optimizers.py tests/test_ops_refusals.py
 
 clean:
 	rm -rf build dist *.egg-info tfde/ops/_tfde_ops.so $(VENV) $(HVD_VENV)
