@@ -133,15 +133,20 @@ def _num_unique_ok(inp, bytes_per_row):
   return num_unique
 
 
+def _output_grad_valid(rng):
+  """A valid ragged batch with an output gradient and its num_unique."""
+  num_unique, dim = int(rng.integers(1, 12)), int(rng.integers(1, 6))
+  inp = _ragged_valid(rng, num_unique)
+  inp["num_unique"] = num_unique
+  inp["grad"] = rng.normal(size=(inp["row_splits"].size - 1, dim)).astype(np.float32)
+  return inp
+
+
 class CombineGrad(Op):
   name = "embedding_combine_grad"
 
   def valid(self, rng):
-    num_unique, dim = int(rng.integers(1, 12)), int(rng.integers(1, 6))
-    inp = _ragged_valid(rng, num_unique)
-    inp["num_unique"] = num_unique
-    inp["grad"] = rng.normal(size=(inp["row_splits"].size - 1, dim)).astype(np.float32)
-    return inp
+    return _output_grad_valid(rng)
 
   MUTATIONS = dict(
       RAGGED_MUTATIONS, **_num_unique_mutations(), **_rows_mutations("grad"),
@@ -175,11 +180,7 @@ class BagGradients(Op):
   name = "bag_gradients"
 
   def valid(self, rng):
-    num_unique, dim = int(rng.integers(1, 12)), int(rng.integers(1, 6))
-    inp = _ragged_valid(rng, num_unique)
-    inp["num_unique"] = num_unique
-    inp["grad"] = rng.normal(size=(inp["row_splits"].size - 1, dim)).astype(np.float32)
-    return inp
+    return _output_grad_valid(rng)
 
   MUTATIONS = dict(RAGGED_MUTATIONS, **_num_unique_mutations())
 

@@ -66,7 +66,7 @@ def init(comm_tool=None, use_legacy_optimizer=True):
 
 
 def _table_of(variable):
-  owner = optimizers_lib.shard_owner(variable)
+  owner = tables_lib.owner_of(variable)
   if owner is None:
     raise ValueError(f"{getattr(variable, 'name', variable)} is not a "
                      "sok.Variable")
@@ -183,7 +183,7 @@ def split_embedding_variable_from_others(variables):
   """(sok variables, other variables), each in the given order."""
   sok_vars, others = [], []
   for v in variables:
-    is_sok = optimizers_lib.shard_owner(v) is not None
+    is_sok = tables_lib.owner_of(v) is not None
     (sok_vars if is_sok else others).append(v)
   return sok_vars, others
 

@@ -14,8 +14,9 @@ A new kind (an engine, a sharding kind) is a new file with a class
 implementing `base.Table`, and a branch in `make_table`.
 """
 
+from tfde import optimizers
 from tfde import placement
-from tfde.tables.base import Table
+from tfde.tables.base import Table  # noqa: F401 (public)
 from tfde.tables.dynamic import DynamicTable
 from tfde.tables.sharded import ShardedTable
 
@@ -29,4 +30,5 @@ def make_table(config, communicator=None, auto_replicate_bytes=None):
                       replicated=placement.replicates(config, auto_replicate_bytes))
 
 
-owner_of = Table.owner_of
+# (table, replica) of a variable a table handed out, else None.
+owner_of = optimizers.shard_owner

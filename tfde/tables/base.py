@@ -7,7 +7,7 @@ savers and the doors.
 >>> table = tfde.tables.ShardedTable(config)
 >>> sorted(table.state())
 ['slot_accumulator', 'step', 'table']
->>> table.owner_of(table.local_variables()[0]) == (table, 0)
+>>> tfde.tables.owner_of(table.local_variables()[0]) == (table, 0)
 True
 
 A table kind (static sharded, replicated, dynamic; engines to come) is one
@@ -28,7 +28,7 @@ class implementing this contract:
   new field is written once, in the table kind.
 
 Ownership lives on the variables: each variable a table hands out
-(`local_variables()`) names its table and replica (`owner_of`), so
+(`local_variables()`) names its table and replica (`tfde.tables.owner_of`), so
 nothing outside the table keeps it alive or looks it up.
 """
 
@@ -144,7 +144,6 @@ class Table(tf.Module):
     setattr(variable, optimizers.OWNER_ATTRIBUTE, (self, replica))
     return variable
 
-  owner_of = staticmethod(optimizers.shard_owner)
 
   # ---- the pipeline's side
 
