@@ -100,7 +100,7 @@ def plot(results, path):
   last = results[-1]
   axes[2].bar(range(last["n"]), last["served"])
   axes[2].set(title=f"rows served per shard per step (N={last['n']})",
-              xlabel="shard", ylabel="rows")
+              xlabel="shard", ylabel="rows", xticks=range(last["n"]))
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   fig.savefig(path, dpi=100)
