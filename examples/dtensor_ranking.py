@@ -31,25 +31,10 @@ from tensorflow.experimental import dtensor  # noqa: E402
 
 import tfde  # noqa: E402
 import tfde.dtensor  # noqa: E402
+from tfde.app import data as tfde_data  # noqa: E402  (MovieLens or generated ratings)
 
 BATCH_SIZE = 256
 EMBEDDING_DIMENSION = 32
-
-
-def load_ratings(path, rows):
-  """(user_id, movie_id, rating): MovieLens's ratings.csv, or generated."""
-  if path:
-    from tfde.app import data as tfde_data  # pylint: disable=g-import-not-at-top
-    data = tfde_data.movielens(path)
-    return (data.features["user_id"][0], data.features["movie_id"][0],
-            data.labels.astype(np.float32))
-  rng = np.random.default_rng(0)
-  users = rng.integers(0, 610, rows)
-  movies = (rng.zipf(1.2, rows) - 1) % 9742
-  hidden_u, hidden_m = rng.normal(size=(610, 4)), rng.normal(size=(9742, 4))
-  score = np.sum(hidden_u[users] * hidden_m[movies], axis=1)
-  ratings = np.clip(np.round(3.5 + score * 0.6), 0.5, 5.0).astype(np.float32)
-  return users, movies, ratings
 
 
 def ranking_head(mesh):
@@ -90,7 +75,7 @@ def main():
                       help="stop each epoch after this many steps")
   args = parser.parse_args()
 
-  users, movies, ratings = load_ratings(args.data, args.rows)
+  users, movies, ratings = tfde_data.ratings(args.data, args.rows)
   mesh = dtensor.create_mesh([("batch", NUM_DEVICES)],
                              devices=[f"CPU:{i}" for i in range(NUM_DEVICES)])
   # Stateless initialisers: DTensor refuses stateful random ops.

@@ -27,25 +27,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfde  # noqa: E402
+from tfde.app import data as tfde_data  # noqa: E402  (MovieLens or generated ratings)
 
 DIM = 16
 USERS = 1000
-
-
-def load_ratings(path):
-  """(user, movie, rating) arrays from a MovieLens ratings.csv, or a
-  generated stand-in with a hidden low-rank model."""
-  if path:
-    data = np.loadtxt(path, delimiter=",", skiprows=1, usecols=(0, 1, 2))
-    return data[:, 0].astype(np.int64) % USERS, data[:, 1].astype(np.int64), \
-        data[:, 2].astype(np.float32)
-  rng = np.random.default_rng(0)
-  users = rng.integers(0, 610, 50_000)
-  movies = (rng.zipf(1.2, 50_000) - 1) % 9742
-  hidden_u, hidden_m = rng.normal(size=(610, 4)), rng.normal(size=(9742, 4))
-  score = np.sum(hidden_u[users] * hidden_m[movies], axis=1)
-  ratings = np.clip(np.round(3.5 + score * 0.6), 0.5, 5.0).astype(np.float32)
-  return users.astype(np.int64), movies.astype(np.int64), ratings
 
 
 def model_fn(features, labels, mode, params):
@@ -81,7 +66,8 @@ def main():
   parser.add_argument("--model_dir", default=None)
   args = parser.parse_args()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)  # the progress log
-  users, movies, ratings = load_ratings(args.data)
+  users, movies, ratings = tfde_data.ratings(args.data, rows=50_000)
+  users = users % USERS  # MovieLens's user ids, folded into the table
   split = int(len(ratings) * 0.9)
 
   def input_fn(lo, hi, repeat):

@@ -20,26 +20,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfde as keras_rs  # noqa: E402  (the one line that differs)
-from tfde.app import data as tfde_data  # noqa: E402  (the MovieLens reader)
+from tfde.app import data as tfde_data  # noqa: E402  (MovieLens or generated ratings)
 
 BATCH_SIZE = 256
 EMBEDDING_DIMENSION = 32
-
-
-def load_ratings(path):
-  """(user_id, movie_id, rating) arrays from a MovieLens ratings.csv, or a
-  generated stand-in with a hidden low-rank model when no path is given."""
-  if path:
-    data = tfde_data.movielens(path)
-    return (data.features["user_id"][0], data.features["movie_id"][0],
-            data.labels)
-  rng = np.random.default_rng(0)
-  users = rng.integers(0, 610, 100_000)
-  movies = (rng.zipf(1.2, 100_000) - 1) % 9742
-  hidden_u, hidden_m = rng.normal(size=(610, 4)), rng.normal(size=(9742, 4))
-  score = np.sum(hidden_u[users] * hidden_m[movies], axis=1)
-  ratings = np.clip(np.round(3.5 + score * 0.6), 0.5, 5.0).astype(np.float32)
-  return users, movies, ratings
 
 
 class EmbeddingModel(keras.Model):
@@ -70,7 +54,7 @@ def main():
   args = parser.parse_args()
 
   keras.utils.set_random_seed(0)
-  users, movies, ratings = load_ratings(args.data)
+  users, movies, ratings = tfde_data.ratings(args.data)
   split = int(len(ratings) * 0.8)
   features = {"user_id": users, "movie_id": movies}
   train_ds = tf.data.Dataset.from_tensor_slices(

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfde  # noqa: E402
-from tfde.app import data as tfde_data  # noqa: E402  (the MovieLens reader)
+from tfde.app import data as tfde_data  # noqa: E402  (MovieLens or generated ratings)
 
 PER_REPLICA_BATCH_SIZE = 256
 EMBEDDING_DIMENSION = 32
@@ -47,22 +47,6 @@ def make_strategy(logical_cpus):
     return tf.distribute.MirroredStrategy(
         [f"/cpu:{i}" for i in range(logical_cpus)])
   return tf.distribute.MirroredStrategy()
-
-
-def load_ratings(path):
-  """(user_id, movie_id, rating) from a MovieLens ratings.csv, or generated
-  ratings from a hidden low-rank model."""
-  if path:
-    data = tfde_data.movielens(path)
-    return (data.features["user_id"][0], data.features["movie_id"][0],
-            data.labels)
-  rng = np.random.default_rng(0)
-  users = rng.integers(0, 610, 60_000)
-  movies = (rng.zipf(1.2, 60_000) - 1) % 9742
-  hidden_u, hidden_m = rng.normal(size=(610, 4)), rng.normal(size=(9742, 4))
-  score = np.sum(hidden_u[users] * hidden_m[movies], axis=1)
-  ratings = np.clip(np.round(3.5 + score * 0.6), 0.5, 5.0).astype(np.float32)
-  return users, movies, ratings
 
 
 class EmbeddingModel(keras.Model):
@@ -95,7 +79,7 @@ def main(argv=None):
   strategy = make_strategy(args.logical_cpus)
   on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
   keras.utils.set_random_seed(0)
-  users, movies, ratings = load_ratings(args.data)
+  users, movies, ratings = tfde_data.ratings(args.data, rows=60_000)
   global_batch = PER_REPLICA_BATCH_SIZE * strategy.num_replicas_in_sync
   split = int(len(ratings) * 0.8)
   features = {"user_id": users.astype(np.int32), "movie_id": movies.astype(np.int32)}

@@ -191,6 +191,29 @@ def movielens(path, max_samples=None):
                  {"user_id": int(users.max()) + 1, "movie_id": int(movies.max()) + 1})
 
 
+def ratings(path=None, rows=100_000, seed=0):
+  """(user_id, movie_id, rating) arrays for the ranking examples: from a
+  MovieLens ratings.csv when `path` is given, else `rows` generated ratings
+  of 610 users and 9,742 movies (MovieLens-small's sizes; Zipf(1.2)
+  movies) from a hidden rank-4 model, rounded to MovieLens's 0.5 steps.
+
+  >>> users, movies, stars = ratings(rows=5)
+  >>> users.dtype, movies.dtype, stars.dtype, stars.shape
+  (dtype('int64'), dtype('int64'), dtype('float32'), (5,))
+  """
+  if path:
+    data = movielens(path)
+    return (data.features["user_id"][0], data.features["movie_id"][0],
+            data.labels)
+  rng = np.random.default_rng(seed)
+  users = rng.integers(0, 610, rows)
+  movies = (rng.zipf(1.2, rows) - 1) % 9742
+  hidden_u, hidden_m = rng.normal(size=(610, 4)), rng.normal(size=(9742, 4))
+  score = np.sum(hidden_u[users] * hidden_m[movies], axis=1)
+  stars = np.clip(np.round(3.5 + score * 0.6), 0.5, 5.0).astype(np.float32)
+  return users.astype(np.int64), movies.astype(np.int64), stars
+
+
 # Fills the unused tail of a multi-hot feature's id block. Never a valid id:
 # `embedding_inputs` drops it before any lookup, and were it ever looked up,
 # the layer's id range check would fail the step instead of training a row.
