@@ -55,6 +55,54 @@ def test_plain_variables_match_tf_nn_forward_and_gradients(weighted):
                                tf.convert_to_tensor(w).numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_plain_variables_apply_max_norm_as_tf_nn(weighted):
+  """max_norm per feature (None: no limit) equals tf.nn.embedding_lookup_sparse's
+  forward and gradients; two features read one variable with two limits."""
+  rng = np.random.default_rng(1)
+  tables = [tf.Variable(rng.normal(size=s).astype(np.float32)) for s in SHAPES]
+  params = tables + [tables[0]]
+  ids = [_sparse(rng, s[0]) for s in SHAPES + [SHAPES[0]]]
+  weights = [_weights_like(rng, sp) for sp in ids] if weighted else None
+  limits = [0.5, None, 1.5, 1.0]
+  combiners = COMBINERS + ["sum"]
+  targets = [tf.constant(rng.normal(size=(6, p.shape[1])), tf.float32) for p in params]
+
+  with tf.GradientTape(persistent=True) as tape:
+    got = tfde.nn.group_embedding_lookup_sparse(params, ids, combiners,
+                                                sp_weights=weights, max_norm=limits)
+    want = [tf.nn.embedding_lookup_sparse(t, i, w, combiner=c, max_norm=m)
+            for t, i, w, c, m in zip(params, ids, weights or [None] * 4, combiners,
+                                     limits)]
+    loss_got = tf.add_n([tf.reduce_sum(g * y) for g, y in zip(got, targets)])
+    loss_want = tf.add_n([tf.reduce_sum(w * y) for w, y in zip(want, targets)])
+  # The limits bite: the clipped outputs differ from unclipped ones.
+  unclipped = tfde.nn.group_embedding_lookup_sparse(params, ids, combiners,
+                                                    sp_weights=weights)
+  assert not np.allclose(got[0].numpy(), unclipped[0].numpy())
+  np.testing.assert_allclose(got[1].numpy(), unclipped[1].numpy())
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+  for g, w in zip(tape.gradient(loss_got, tables), tape.gradient(loss_want, tables)):
+    np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(),
+                               tf.convert_to_tensor(w).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_max_norm_refusals_name_the_feature_and_table():
+  table = tf.Variable(tf.ones([5, 2]))
+  ids = [tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [1, 1])]
+  for bad, pattern in ((-1.0, r"max_norm\[0\] \(params\[0\]\)"),
+                       (float("nan"), r"max_norm\[0\]"),
+                       ([1.0, 2.0], "one entry per feature")):
+    with pytest.raises(ValueError, match=pattern):
+      tfde.nn.group_embedding_lookup_sparse([table], ids, "sum", max_norm=bad)
+  sharded = tfde.tables.ShardedTable(
+      tfde.TableConfig(name="clipped", vocabulary_size=5, embedding_dim=2,
+                       max_norm=1.0))
+  with pytest.raises(ValueError, match="tfde table 'clipped'.*max_norm=1.0"):
+    tfde.nn.group_embedding_lookup_sparse([sharded], ids, "sum", max_norm=2.0)
+
+
 def test_ragged_inputs_newer_argument_order_and_dense_lookup():
   rng = np.random.default_rng(1)
   table = tf.Variable(rng.normal(size=(20, 3)).astype(np.float32))

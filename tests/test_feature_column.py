@@ -10,9 +10,10 @@ import tfde
 BATCH = 6
 
 
-def _columns(rng, scoped):
+def _columns(rng, scoped, max_norm=None):
   """Three embedding columns: two of width 4 (fused), one of width 3, over
-  identity, hashed and weighted categorical columns, all three combiners."""
+  identity, hashed and weighted categorical columns, all three combiners;
+  `max_norm` on the first and last (rows drawn with norms about 2)."""
   fc = tf.feature_column
   tables = {"user": rng.normal(size=(30, 4)), "item": rng.normal(size=(40, 4)),
             "tag": rng.normal(size=(20, 3))}
@@ -21,12 +22,14 @@ def _columns(rng, scoped):
   def make():
     return [
         fc.embedding_column(fc.categorical_column_with_identity("user", 30), 4,
-                            combiner="mean", initializer=init["user"]),
+                            combiner="mean", initializer=init["user"],
+                            max_norm=max_norm),
         fc.embedding_column(fc.categorical_column_with_hash_bucket("item", 40, tf.int64),
                             4, combiner="sum", initializer=init["item"]),
         fc.embedding_column(fc.weighted_categorical_column(
             fc.categorical_column_with_identity("tag", 20), "tag_weight"), 3,
-                            combiner="sqrtn", initializer=init["tag"]),
+                            combiner="sqrtn", initializer=init["tag"],
+                            max_norm=max_norm and 2 * max_norm),
     ]
 
   if not scoped:
@@ -53,13 +56,13 @@ def _features(rng):
   return {"user": user, "item": item, "tag": tag, "tag_weight": tag_weight}
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_grouped_columns_equal_plain_columns(op_backend, seed):
+@pytest.mark.parametrize("seed,max_norm", [(0, None), (1, None), (2, None), (3, 1.0)])
+def test_grouped_columns_equal_plain_columns(op_backend, seed, max_norm):
   with tf.Graph().as_default() as graph:
     rng = np.random.default_rng(seed)
     features = _features(rng)
-    plain = _columns(np.random.default_rng(100 + seed), scoped=False)
-    grouped = _columns(np.random.default_rng(100 + seed), scoped=True)
+    plain = _columns(np.random.default_rng(100 + seed), scoped=False, max_norm=max_norm)
+    grouped = _columns(np.random.default_rng(100 + seed), scoped=True, max_norm=max_norm)
     assert [tfde.feature_column.group_of(c) for c in grouped] == ["ads"] * 3
     assert tfde.feature_column.group_of(plain[0]) is None
     with tf.compat.v1.variable_scope("plain"):
@@ -88,13 +91,14 @@ def test_grouped_columns_equal_plain_columns(op_backend, seed):
     np.testing.assert_allclose(gg[key], gp[key], rtol=1e-5, atol=1e-6)
 
 
-def test_scope_restores_embedding_column_and_refuses_max_norm():
+def test_scope_restores_embedding_column_and_refuses_ckpt_to_load_from():
   original = tf.feature_column.embedding_column
   with tfde.feature_column.group_embedding_column_scope():
     assert tf.feature_column.embedding_column is not original
-    with pytest.raises(ValueError, match="max_norm and ckpt_to_load_from"):
+    with pytest.raises(ValueError, match="ckpt_to_load_from is not supported"):
       tf.feature_column.embedding_column(
-          tf.feature_column.categorical_column_with_identity("u", 5), 2, max_norm=1.0)
+          tf.feature_column.categorical_column_with_identity("u", 5), 2,
+          ckpt_to_load_from="/nowhere", tensor_name_in_ckpt="t")
   assert tf.feature_column.embedding_column is original
   with pytest.raises(RuntimeError):
     with tfde.feature_column.group_embedding_column_scope():

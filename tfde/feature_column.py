@@ -30,8 +30,9 @@ What differs from DeepRec, and why:
 - A grouped column's variable is `.../<group>/<column name>/embedding_weights`
   under the variable scope where the group is first built (input_layer's
   scope for its first grouped column), not `.../<column name>/embedding_weights`.
-- Columns with `max_norm` or `ckpt_to_load_from`, and sequence columns, are
-  refused inside the scope (the fused lookup does not implement them).
+- Columns with `ckpt_to_load_from`, and sequence columns, are refused
+  inside the scope (the fused lookup does not implement them); `max_norm`
+  is applied as `embedding_column` applies it.
 As `safe_embedding_lookup_sparse` does for plain columns, negative ids and
 ids with weights <= 0 are dropped, and samples without ids give zeros.
 """
@@ -139,7 +140,7 @@ def _lookup_group(group, builder, weight_collections, trainable):
       combiners.append(column.combiner)
   outputs = deeprec.group_embedding_lookup_sparse(
       variables, sp_ids, combiners, sp_weights=sp_weights,
-      name=f"{group.name}_lookup")
+      name=f"{group.name}_lookup", max_norm=[c.max_norm for c in members])
   return {c.name: out for c, out in zip(members, outputs)}
 
 
@@ -152,10 +153,9 @@ def _grouped_embedding_column(original):
       group = _active[-1] if _active else None
     if group is None:
       return column
-    if column.max_norm is not None or column.ckpt_to_load_from is not None:
+    if column.ckpt_to_load_from is not None:
       raise ValueError(f"embedding column {column.name} in group {group.name}: "
-                       "max_norm and ckpt_to_load_from are not supported by "
-                       "grouped lookups")
+                       "ckpt_to_load_from is not supported by grouped lookups")
     if isinstance(column.categorical_column,
                   (fc_v2.SequenceCategoricalColumn, fc_old._SequenceCategoricalColumn)):  # pylint: disable=protected-access
       raise ValueError(f"embedding column {column.name} in group {group.name}: "

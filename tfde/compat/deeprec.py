@@ -16,8 +16,9 @@ the usual `tf.IndexedSlices`, for any optimizer) or tfde tables
 in the backward pass, as everywhere in tfde; `tape.gradient(loss,
 tape.watched_variables())` includes the group's update trigger). Tables of one width are looked
 up together: one dedup and one gather for plain variables, one exchange for
-tfde tables. Beyond DeepRec: "sqrtn" and `sp_weights` are supported, and
-inputs may be `tf.RaggedTensor`s. Only `partition_strategy="mod"` exists.
+tfde tables. Beyond DeepRec: "sqrtn", `sp_weights` and
+`tf.nn.embedding_lookup_sparse`'s `max_norm` are supported, and inputs may
+be `tf.RaggedTensor`s. Only `partition_strategy="mod"` exists.
 """
 
 import collections
@@ -54,9 +55,30 @@ def _check_lists(params, sp_ids, combiners, sp_weights, partition_strategy):
                            else [None] * len(params))
 
 
+def _check_max_norms(max_norm, params):
+  """One limit per feature (None: none), from a number or a list."""
+  if max_norm is None or isinstance(max_norm, (int, float)):
+    max_norm = [max_norm] * len(params)
+  if not isinstance(max_norm, (list, tuple)) or len(max_norm) != len(params):
+    raise ValueError(f"max_norm must be None, a number or a list with one entry "
+                     f"per feature ({len(params)}), got {max_norm!r}")
+  for i, m in enumerate(max_norm):
+    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float))
+                          or not 0 < m < float("inf")):
+      raise ValueError(f"max_norm[{i}] (params[{i}]) must be a positive finite "
+                       f"number or None, got {m!r}")
+  for i, (p, m) in enumerate(zip(params, max_norm)):
+    if isinstance(p, tables_lib.Table) and m is not None and m != p.config.max_norm:
+      raise ValueError(f"max_norm[{i}] = {m!r} but tfde table {p.name!r} "
+                       f"(params[{i}]) is configured with max_norm="
+                       f"{p.config.max_norm!r}; a tfde table's limit is its "
+                       "TableConfig's")
+  return [None if m is None else float(m) for m in max_norm]
+
+
 def group_embedding_lookup_sparse(params, sp_ids, combiners,
                                   partition_strategy="mod", sp_weights=None,
-                                  name=None):
+                                  name=None, max_norm=None):
   """Looks up a group of sparse features, one table each.
 
   Args:
@@ -69,6 +91,11 @@ def group_embedding_lookup_sparse(params, sp_ids, combiners,
       None). DeepRec's newer order, with sp_weights before
       partition_strategy, works by keyword.
     name: an optional name scope.
+    max_norm: as `tf.nn.embedding_lookup_sparse`'s: each row read is scaled
+      to an L2 norm of at most this before combining (its gradient too).
+      One number for all features or a list (None entries: no limit). A
+      tfde table takes its `TableConfig.max_norm`; a value given here must
+      equal it.
 
   Returns:
     A list of [batch, D] tensors: results equal tf.nn.embedding_lookup_sparse
@@ -76,6 +103,7 @@ def group_embedding_lookup_sparse(params, sp_ids, combiners,
   """
   combiners, sp_weights = _check_lists(params, sp_ids, combiners, sp_weights,
                                        partition_strategy)
+  max_norms = _check_max_norms(max_norm, params)
   with tf.name_scope(name or "group_embedding_lookup_sparse"):
     results = [None] * len(params)
     tfde_tables = tables_lib.Table
@@ -90,7 +118,8 @@ def group_embedding_lookup_sparse(params, sp_ids, combiners,
     for indices in by_width.values():
       outs = _plain_group([params[i] for i in indices], [sp_ids[i] for i in indices],
                           [combiners[i] for i in indices],
-                          [sp_weights[i] for i in indices], indices)
+                          [sp_weights[i] for i in indices], indices,
+                          [max_norms[i] for i in indices])
       for i, out in zip(indices, outs):
         results[i] = out
     if sharded:
@@ -125,7 +154,7 @@ def _flatten(i, ids, weights, vocabulary_size):
   return flat_ids, splits, w
 
 
-def _plain_group(table_vars, sp_ids, combiners, sp_weights, indices):
+def _plain_group(table_vars, sp_ids, combiners, sp_weights, indices, max_norms):
   """Whole-table tf.Variables of one width: one dedup, one gather."""
   bases, total = [], 0
   for v in table_vars:
@@ -145,6 +174,13 @@ def _plain_group(table_vars, sp_ids, combiners, sp_weights, indices):
       flat[i] = (flat[i][0], flat[i][1], w)
     unique, inverse, _ = ops.unique_with_counts(fused)
     rows = ops.gather_from_tables(table_vars, unique, bases)
+    raw_rows = row_max_norm = None
+    if any(m is not None for m in max_norms):
+      # Each unique row is of one feature's block: its feature's limit.
+      per_id = tf.concat([tf.fill([n], m or float("inf"))
+                          for n, m in zip(sizes, max_norms)], 0)
+      row_max_norm = tf.math.unsorted_segment_max(per_id, inverse, tf.shape(rows)[0])
+      raw_rows, rows = rows, ops.renormalize_rows(rows, row_max_norm)
     parts = tf.split(inverse, sizes) if len(flat) > 1 else [inverse]
     outputs = [ops.embedding_combine(rows, part, splits, w, c)
                for (_, splits, w), part, c in zip(flat, parts, combiners)]
@@ -158,6 +194,8 @@ def _plain_group(table_vars, sp_ids, combiners, sp_weights, indices):
         if g is not None:
           per_row += ops.embedding_combine_grad(g, part, splits, w,
                                                 tf.shape(rows)[0], c)
+      if raw_rows is not None:
+        per_row = ops.renormalize_rows_grad(raw_rows, per_row, row_max_norm)
       table_index = tf.cast(tf.searchsorted(tf.constant(bases, unique.dtype),
                                             unique, side="right"), tf.int32) - 1
       for t, (v, base) in enumerate(zip(table_vars, bases)):
