@@ -103,6 +103,82 @@ def test_max_norm_refusals_name_the_feature_and_table():
     tfde.nn.group_embedding_lookup_sparse([sharded], ids, "sum", max_norm=2.0)
 
 
+def test_is_sequence_places_each_row_as_tf_gather_does():
+  """DeepRec's is_sequence: [batch, T, D], each id's row at its position,
+  against tf.gather + tf.scatter_nd (forward and gradients), for sparse and
+  ragged ids, with a max_norm on one feature."""
+  rng = np.random.default_rng(2)
+  tables = [tf.Variable(rng.normal(size=s).astype(np.float32)) for s in SHAPES[:2]]
+  sparse = _sparse(rng, SHAPES[0][0])
+  ragged = tf.RaggedTensor.from_row_splits(
+      tf.constant([3, 1, 4, 1, 5, 9, 2, 6], tf.int64), [0, 4, 4, 7, 8])
+  targets = [tf.constant(rng.normal(size=(6, 4, 4)), tf.float32),
+             tf.constant(rng.normal(size=(4, 4, 4)), tf.float32)]
+  with tf.GradientTape(persistent=True) as tape:
+    got = tfde.nn.group_embedding_lookup_sparse(
+        tables, [sparse, ragged], ["mean", "sum"], is_sequence=True,
+        max_norm=[None, 1.0])
+    clipped = tf.clip_by_norm(tf.gather(tables[1], ragged.flat_values), 1.0, axes=[1])
+    want = [tf.scatter_nd(sparse.indices, tf.gather(tables[0], sparse.values), [6, 4, 4]),
+            tf.RaggedTensor.from_row_splits(clipped, ragged.row_splits).to_tensor()]
+    loss_got = tf.add_n([tf.reduce_sum(g * y) for g, y in zip(got, targets)])
+    loss_want = tf.add_n([tf.reduce_sum(w * y) for w, y in zip(want, targets)])
+  assert [g.shape.as_list() for g in got] == [[6, 4, 4], [4, 4, 4]]
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6, atol=1e-6)
+  assert not got[0][2].numpy().any()  # the empty sample is zeros
+  for g, w in zip(tape.gradient(loss_got, tables), tape.gradient(loss_want, tables)):
+    np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(),
+                               tf.convert_to_tensor(w).numpy(), rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match=r"sp_weights\[0\].*is_sequence"):
+    tfde.nn.group_embedding_lookup_sparse(tables[:1], [sparse], ["sum"],
+                                          sp_weights=[_weights_like(rng, sparse)],
+                                          is_sequence=True)
+
+
+def test_is_sequence_trains_tfde_tables_sparsely():
+  table = tfde.tables.ShardedTable(tfde.TableConfig(
+      name="history", vocabulary_size=12, embedding_dim=3, combiner="mean",
+      optimizer=tfde.optimizers.SGD(learning_rate=0.5)))
+  before = table.full_table()
+  ids = tf.SparseTensor([[0, 0], [0, 2], [1, 1]], tf.constant([7, 2, 7], tf.int64), [2, 3])
+  with tf.GradientTape() as tape:
+    out = tfde.nn.group_embedding_lookup_sparse([table], [ids], ["mean"],
+                                                is_sequence=True)[0]
+    loss = tf.reduce_sum(out)
+  tape.gradient(loss, tape.watched_variables())
+  want = np.zeros((2, 3, 3), np.float32)
+  want[0, 0], want[0, 2], want[1, 1] = before[7], before[2], before[7]
+  np.testing.assert_allclose(out.numpy(), want)
+  expected = before.copy()
+  expected[7] -= 0.5 * 2  # read twice, each with gradient 1
+  expected[2] -= 0.5
+  np.testing.assert_allclose(table.full_table(), expected, rtol=1e-6)
+
+
+def test_both_deeprec_positional_orders():
+  """DeepRec's newer (sp_weights, partition_strategy, is_sequence,
+  params_num_per_group, name) and older (partition_strategy, sp_weights,
+  name) positional orders; tables of norm about 2, so a max_norm that
+  slipped into a slot would show."""
+  rng = np.random.default_rng(3)
+  tables = [tf.Variable(rng.normal(size=s).astype(np.float32)) for s in SHAPES]
+  ids = [_sparse(rng, s[0]) for s in SHAPES]
+  weights = [_weights_like(rng, sp) for sp in ids]
+  want = [tf.nn.embedding_lookup_sparse(t, i, w, combiner=c)
+          for t, i, w, c in zip(tables, ids, weights, COMBINERS)]
+  newer = tfde.nn.group_embedding_lookup_sparse(tables, ids, COMBINERS, weights, "mod",
+                                                False, 1, "newer")
+  older = tfde.nn.group_embedding_lookup_sparse(tables, ids, COMBINERS, "mod", weights,
+                                                "older")
+  for a, b, w in zip(newer, older, want):
+    np.testing.assert_allclose(a.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+  sequence = tfde.nn.group_embedding_lookup_sparse(tables[:1], ids[:1], ["sum"], None,
+                                                   "mod", True)
+  assert sequence[0].shape.as_list() == [6, 4, 4]
+
+
 def test_ragged_inputs_newer_argument_order_and_dense_lookup():
   rng = np.random.default_rng(1)
   table = tf.Variable(rng.normal(size=(20, 3)).astype(np.float32))

@@ -19,6 +19,16 @@ up together: one dedup and one gather for plain variables, one exchange for
 tfde tables. Beyond DeepRec: "sqrtn", `sp_weights` and
 `tf.nn.embedding_lookup_sparse`'s `max_norm` are supported, and inputs may
 be `tf.RaggedTensor`s. Only `partition_strategy="mod"` exists.
+
+DeepRec's newer signature (`sp_weights` fourth, `is_sequence`,
+`params_num_per_group`) works too; `is_sequence=True` returns each id's
+row at its position, [batch, T, D] (T: a sparse input's second dimension,
+a ragged input's longest row), zeros where no id is:
+
+>>> seq = tfde.nn.group_embedding_lookup_sparse([users], [ids[1]], ["sum"],
+...                                             is_sequence=True)
+>>> seq[0].shape.as_list()
+[2, 2, 4]
 """
 
 import collections
@@ -76,9 +86,10 @@ def _check_max_norms(max_norm, params):
   return [None if m is None else float(m) for m in max_norm]
 
 
-def group_embedding_lookup_sparse(params, sp_ids, combiners,
-                                  partition_strategy="mod", sp_weights=None,
-                                  name=None, max_norm=None):
+def group_embedding_lookup_sparse(params, sp_ids, combiners, sp_weights=None,
+                                  partition_strategy="mod", is_sequence=False,
+                                  params_num_per_group=None, name=None, *,
+                                  max_norm=None):
   """Looks up a group of sparse features, one table each.
 
   Args:
@@ -88,22 +99,40 @@ def group_embedding_lookup_sparse(params, sp_ids, combiners,
     combiners: list of "sum", "mean" or "sqrtn" (or one for all).
     partition_strategy: "mod" only.
     sp_weights: optional list of weights matching sp_ids (entries may be
-      None). DeepRec's newer order, with sp_weights before
-      partition_strategy, works by keyword.
+      None). This is DeepRec's newer order; its older one,
+      `(params, sp_ids, combiners, partition_strategy, sp_weights, name)`,
+      works positionally too (a string fourth is the partition strategy).
     name: an optional name scope.
     max_norm: as `tf.nn.embedding_lookup_sparse`'s: each row read is scaled
       to an L2 norm of at most this before combining (its gradient too).
       One number for all features or a list (None entries: no limit). A
       tfde table takes its `TableConfig.max_norm`; a value given here must
       equal it.
+    is_sequence: DeepRec's: no combining; [batch, T, D] outputs, each id's
+      row at its position (a sparse input's column, a ragged input's
+      index), zeros elsewhere. Trained like pooled lookups. Takes no
+      sp_weights.
+    params_num_per_group: DeepRec's op-size hint; accepted and unused (one
+      fused lookup per width here).
 
   Returns:
     A list of [batch, D] tensors: results equal tf.nn.embedding_lookup_sparse
-    per table (with every row of the batch present, empty ones zero).
+    per table (with every row of the batch present, empty ones zero); with
+    is_sequence, [batch, T, D] tensors.
   """
+  del params_num_per_group  # A GPU op-size hint of DeepRec's.
+  if isinstance(sp_weights, str):
+    # DeepRec's older positional order: (..., partition_strategy,
+    # sp_weights, name).
+    sp_weights, partition_strategy = (None if partition_strategy == "mod"
+                                      else partition_strategy), sp_weights
+    if isinstance(is_sequence, str):
+      name, is_sequence = is_sequence, False
   combiners, sp_weights = _check_lists(params, sp_ids, combiners, sp_weights,
                                        partition_strategy)
   max_norms = _check_max_norms(max_norm, params)
+  if is_sequence:
+    return _sequence_lookup(params, sp_ids, combiners, sp_weights, max_norms, name)
   with tf.name_scope(name or "group_embedding_lookup_sparse"):
     results = [None] * len(params)
     tfde_tables = tables_lib.Table
@@ -129,6 +158,47 @@ def group_embedding_lookup_sparse(params, sp_ids, combiners,
       for i, out in zip(sharded, outs):
         results[i] = out
     return results
+
+
+def _sequence_lookup(params, sp_ids, combiners, sp_weights, max_norms, name):
+  """is_sequence: each id becomes a sample of its own (pooled, any
+  combiner, that is its row), looked up and trained as pooled features
+  are; the rows then go to their [batch, T] positions."""
+  given = [i for i, w in enumerate(sp_weights) if w is not None]
+  if given:
+    raise ValueError(f"sp_weights[{given[0]}] is given with is_sequence=True: "
+                     f"a sequence lookup does not combine, so it takes no weights")
+  singles, places = [], []
+  for i, ids in enumerate(sp_ids):
+    if isinstance(ids, tf.RaggedTensor):
+      if ids.ragged_rank != 1:
+        raise ValueError(f"sp_ids[{i}]: is_sequence takes [batch, (k)] ids, got "
+                         f"ragged rank {ids.ragged_rank}")
+      values, splits = ids.flat_values, ids.row_splits
+      places.append(("ragged", splits))
+    elif isinstance(ids, tf.SparseTensor):
+      if ids.shape.rank not in (None, 2):
+        raise ValueError(f"sp_ids[{i}]: is_sequence takes [batch, k] ids, got "
+                         f"rank {ids.shape.rank}")
+      values = ids.values
+      places.append(("sparse", ids))
+    else:
+      raise ValueError(f"sp_ids[{i}] must be a tf.SparseTensor or tf.RaggedTensor, "
+                       f"got {type(ids).__name__}")
+    singles.append(tf.RaggedTensor.from_row_splits(
+        values, tf.range(tf.size(values, out_type=tf.int64) + 1)))
+  rows = group_embedding_lookup_sparse(
+      params, singles, [p.config.combiner if isinstance(p, tables_lib.Table) else c
+                        for p, c in zip(params, combiners)],
+      name=name or "group_embedding_lookup_sequence", max_norm=max_norms)
+  outputs = []
+  for (kind, where), r in zip(places, rows):
+    if kind == "ragged":
+      outputs.append(tf.RaggedTensor.from_row_splits(r, where).to_tensor())
+    else:
+      shape = tf.concat([tf.cast(where.dense_shape, tf.int64), tf.shape(r, out_type=tf.int64)[1:]], 0)
+      outputs.append(tf.scatter_nd(where.indices, r, shape))
+  return outputs
 
 
 def group_embedding_lookup(params, ids, partition_strategy="mod", name=None):
