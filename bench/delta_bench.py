@@ -11,7 +11,12 @@ phase of training touching a fraction of the rows it saves a delta. Each
 save's time (writing, plus the CRC-32 of its files) and size are measured;
 the full save is repeated at the end.
 
-Writes bench/results/delta_bench.png and prints a markdown table.
+Then the same for a dynamic table (`--dynamic-rows` live rows, default
+2,000,000; Adagrad): its delta exports only the rows last seen since the
+previous save (`TfdeDynamicTableExportSeenAfter`), so its time follows the
+rows touched, not the live rows.
+
+Writes bench/results/delta_bench.png and prints markdown tables.
 
   python bench/delta_bench.py [--rows N] [--quick]
 """
@@ -39,8 +44,11 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--rows", type=int, default=10_000_000)
   parser.add_argument("--dim", type=int, default=8)
-  parser.add_argument("--batch", type=int, default=50_000)
-  parser.add_argument("--quick", action="store_true", help="1M rows")
+  # 15,000 distinct ids a step: about 300 training steps over the phases.
+  parser.add_argument("--batch", type=int, default=15_000)
+  parser.add_argument("--dynamic-rows", type=int, default=2_000_000)
+  parser.add_argument("--quick", action="store_true",
+                      help="1M rows (200,000 live rows in the dynamic table)")
   args = parser.parse_args()
   rows = 1_000_000 if args.quick else args.rows
   config = tfde.TableConfig(name="items", vocabulary_size=rows, embedding_dim=args.dim,
@@ -99,6 +107,61 @@ def main():
           f"{size / full_bytes:.1%} | {seconds / full_time:.1%} |")
   print(f"| full | {rows:,} | {full_bytes / 1e6:,.1f} MB | {full_time:.2f} s | 100% | 100% |")
   _plot(results, full_bytes, full_time, rows, args.dim)
+  dynamic_part(200_000 if args.quick else args.dynamic_rows, args.dim, args.batch)
+
+
+def dynamic_part(live, dim, batch):
+  """A dynamic table of `live` rows: delta saves after touching 0.1% and
+  1% of them, against full saves."""
+  config = tfde.TableConfig(name="users", vocabulary_size=None, embedding_dim=dim,
+                            optimizer=tfde.optimizers.Adagrad(learning_rate=0.1))
+  lookup = tfde.lookup.ShardedLookup({"user": tfde.FeatureConfig(name="user", table=config)})
+  table = lookup.tables["users"]
+  rng = np.random.default_rng(1)
+  ids = rng.choice(2**40, size=live, replace=False).astype(np.int64)
+  table.assign_rows(ids, rng.normal(size=(live, dim)).astype(np.float32),
+                    counts=np.ones(live, np.int64), last_seen=np.ones(live, np.int64),
+                    step=1)
+
+  @tf.function(reduce_retracing=True)
+  def step(batch_ids):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(tf.square(lookup({"user": batch_ids})["user"]))
+    tape.gradient(loss, lookup.trainable_variables)
+
+  directory = tempfile.mkdtemp(prefix="tfde_delta_bench_dynamic_")
+  checkpoint = tf.train.Checkpoint(lookup=lookup)
+  manager = tfde.checkpoint.DeltaCheckpointManager(checkpoint, directory,
+                                                   full_every_n=100, max_to_keep=1)
+
+  def timed_save(mgr):
+    start = time.perf_counter()
+    mgr.save()
+    return time.perf_counter() - start, mgr.links()[-1]
+
+  full_time, link = timed_save(manager)
+  full_bytes = link["bytes"]
+  print(f"\ndynamic table: {table.size():,} live rows x {dim}, Adagrad; "
+        f"full save {full_bytes / 1e6:,.1f} MB in {full_time:.2f} s")
+  print("| touched since last save | rows | delta size | delta save | vs full time |")
+  print("|---|---|---|---|---|")
+  order = rng.permutation(live)
+  done = 0
+  for fraction in (0.001, 0.01):
+    touched = ids[order[done:done + int(live * fraction)]]
+    done += touched.size
+    for lo in range(0, touched.size, batch):
+      step(tf.constant(touched[lo:lo + batch, None]))
+    seconds, link = timed_save(manager)
+    assert link["kind"] == "delta"
+    print(f"| {fraction:.1%} | {touched.size:,} | {link['bytes'] / 1e6:,.2f} MB | "
+          f"{seconds:.2f} s | {seconds / full_time:.1%} |")
+  full_manager = tfde.checkpoint.DeltaCheckpointManager(checkpoint, directory,
+                                                        full_every_n=1, max_to_keep=1)
+  again, link = timed_save(full_manager)
+  print(f"| full | {table.size():,} | {link['bytes'] / 1e6:,.1f} MB | "
+        f"{again:.2f} s (first {full_time:.2f} s) | 100% |")
+  shutil.rmtree(directory)
 
 
 def _plot(results, full_bytes, full_time, rows, dim):

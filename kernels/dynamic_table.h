@@ -18,6 +18,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <limits>
 #include <vector>
 
 #include "common.h"
@@ -278,12 +279,16 @@ class DynamicEmbeddingTable : public ResourceBase {
   int64_t size() const { return index_.size(); }
 
   // Live rows sorted by id: a deterministic order for export and eviction.
-  std::vector<std::pair<int64_t, int64_t>> SortedRows() {
+  // (id, row) of the live rows last seen after `seen_after` (all of them
+  // by default), sorted by id. The filter comes before the sort, so a
+  // delta of few changed rows sorts only those.
+  std::vector<std::pair<int64_t, int64_t>> SortedRows(
+      int64_t seen_after = std::numeric_limits<int64_t>::min()) {
     std::vector<std::pair<int64_t, int64_t>> rows;
-    rows.reserve(index_.size());
+    if (seen_after == std::numeric_limits<int64_t>::min()) rows.reserve(index_.size());
     for (int64_t r = 0; r < store_.allocated(); ++r) {
       // A freed row's id is no longer indexed to it.
-      if (index_.Find(store_.Key(r)) == r) {
+      if (store_.LastSeen(r) > seen_after && index_.Find(store_.Key(r)) == r) {
         rows.emplace_back(store_.Key(r), r);
       }
     }

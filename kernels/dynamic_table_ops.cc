@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <new>
 #include <string>
@@ -376,6 +377,14 @@ TFDE_REGISTER_DYNAMIC_APPLY("TfdeDynamicTableApplyLazyAdam", LazyAdamUpdate)
 TFDE_REGISTER_DYNAMIC_APPLY("TfdeDynamicTableApplyFtrl", FtrlUpdate)
 #undef TFDE_REGISTER_DYNAMIC_APPLY
 
+// Both exports have these outputs; the second filters by last_seen.
+Status ExportShape(shape_inference::InferenceContext* c) {
+  c->set_output(0, c->Vector(c->UnknownDim()));
+  c->set_output(1, c->UnknownShapeOfRank(3));
+  for (int i = 2; i < 7; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
+  return absl::OkStatus();
+}
+
 REGISTER_OP("TfdeDynamicTableExport")
     .Input("table: resource")
     .Output("ids: int64")
@@ -386,28 +395,55 @@ REGISTER_OP("TfdeDynamicTableExport")
     .Output("pending_counts: int64")
     .Output("pending_last_seen: int64")
     .SetIsStateful()
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Vector(c->UnknownDim()));
-      c->set_output(1, c->UnknownShapeOfRank(3));
-      for (int i = 2; i < 7; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
-      return absl::OkStatus();
-    })
+    .SetShapeFn(ExportShape)
     .Doc(R"doc(
 Every row, sorted by id: values[k] is [slots, dim] (the embedding, then the
 optimizer slots), with its sighting count and the step it was last seen;
 and the ids seen but not admitted yet, with their counts and steps.
 )doc");
 
+REGISTER_OP("TfdeDynamicTableExportSeenAfter")
+    .Input("table: resource")
+    .Input("seen_after: int64")
+    .Output("ids: int64")
+    .Output("values: float")
+    .Output("counts: int64")
+    .Output("last_seen: int64")
+    .Output("pending_ids: int64")
+    .Output("pending_counts: int64")
+    .Output("pending_last_seen: int64")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
+      return ExportShape(c);
+    })
+    .Doc(R"doc(
+As TfdeDynamicTableExport, but only the rows last seen after step
+`seen_after` (a delta's changed rows: its time follows them, not the live
+rows); the pending ids whole, as they are few and carry no rows.
+)doc");
+
+// kSeenAfter: the op takes the step to filter by as its second input.
+template <bool kSeenAfter>
 class DynamicTableExportOp : public OpKernel {
  public:
   explicit DynamicTableExportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
+    int64_t seen_after = std::numeric_limits<int64_t>::min();
+    if (kSeenAfter) {
+      const Tensor& step = ctx->input(1);
+      OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step.shape()),
+                  InvalidArgument("seen_after must be a scalar step, got shape ",
+                                          step.shape().DebugString()));
+      seen_after = step.scalar<int64_t>()();
+    }
     RefCountPtr<DynamicEmbeddingTable> table;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, 0, &table));
     tf_shared_lock lock(*table->mu());
     const TableSpec& spec = table->spec();
-    const auto rows = table->SortedRows();
+    const auto rows = table->SortedRows(seen_after);
     const int64_t k = static_cast<int64_t>(rows.size());
     const int64_t width = spec.dim * spec.num_slots;
     Tensor *ids_t, *values_t, *counts_t, *last_t;
@@ -444,7 +480,9 @@ class DynamicTableExportOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableExport").Device(DEVICE_CPU),
-                        DynamicTableExportOp);
+                        DynamicTableExportOp<false>);
+REGISTER_KERNEL_BUILDER(Name("TfdeDynamicTableExportSeenAfter").Device(DEVICE_CPU),
+                        DynamicTableExportOp<true>);
 
 REGISTER_OP("TfdeDynamicTableImport")
     .Input("table: resource")

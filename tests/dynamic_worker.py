@@ -15,9 +15,7 @@ from tests import worker_common as w  # noqa: E402
 
 
 def main():
-  parser = w.parser(__doc__.split("\n")[0])
-  parser.add_argument("--checkpoint", help="write a checkpoint here at the end")
-  args = parser.parse_args()
+  args = w.parser(__doc__.split("\n")[0]).parse_args()
   strategy, rank, num_replicas = w.start(args.mode)
 
   import tfde  # pylint: disable=g-import-not-at-top
@@ -40,6 +38,7 @@ def main():
   step = w.distributed_step(strategy, replica_step)
   manager, start = w.checkpointing(
       args, lookup, rank, lambda lk: int(lk.tables["users"].steps[rank].numpy()))
+  deltas = w.delta_checkpointing(args, lookup, rank)
   result = {}
   for index, batch in enumerate(w.load_batches(args.batches)):
     if index < start:
@@ -52,10 +51,9 @@ def main():
       result[f"output/{index}/{f}"] = outputs[f].numpy()
     if manager is not None:
       manager.save()
-  if args.checkpoint:
-    # Every worker saves (a collective); the chief's copy is the real one.
-    path = args.checkpoint if rank == 0 else f"{args.checkpoint}_worker_{rank}"
-    tf.train.Checkpoint(lookup=lookup).write(path)
+    if deltas is not None:
+      deltas.save()
+  w.write_checkpoint(args, lookup, rank)
   # Every worker takes part in gathering the whole table.
   for key, value in lookup.tables["users"].export_rows().items():
     result[f"table/{key}"] = value

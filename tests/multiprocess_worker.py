@@ -46,6 +46,7 @@ def main():
   step = w.distributed_step(strategy, replica_step)
   manager, start = w.checkpointing(
       args, lookup, rank, lambda lk: int(next(iter(lk.tables.values())).steps[rank].numpy()))
+  deltas = w.delta_checkpointing(args, lookup, rank)
   first = None
   for index, batch in enumerate(w.load_batches(args.batches)):
     if index < start:
@@ -61,6 +62,9 @@ def main():
       first = {f: outputs[f].numpy() for f in h.FEATURES}
     if manager is not None:
       manager.save()
+    if deltas is not None:
+      deltas.save()
+  w.write_checkpoint(args, lookup, rank)
 
   result = {f"initial/{n}": v for n, v in initial.items()}
   result.update({f"final/{n}": t.shards[rank].numpy()

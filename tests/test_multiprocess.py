@@ -134,15 +134,51 @@ def _check_against_reference(out_dir, optimizer, batches,
     assert not np.allclose(final[n], initial[n])
 
 
+def _delta_chain_equals_end_checkpoint(make_lookup, delta_dir, end_checkpoint):
+  """The 2 workers' delta chain (the chief's directory), restored in this
+  process on 1 and on 2 replicas, holds every table's state (rows, slots,
+  step; a dynamic table's ids, counts and pending ids too) exactly as the
+  workers' end checkpoint (tf.train, whole tables) does."""
+  from tests.test_sharded import mirrored  # pylint: disable=g-import-not-at-top
+  kinds = [link["kind"] for link in
+           tfde.checkpoint.DeltaCheckpointManager(tf.train.Checkpoint(), delta_dir).links()]
+  assert kinds[0] == "full" and kinds.count("delta") >= 3, kinds
+  want_lookup = make_lookup()
+  tf.train.Checkpoint(lookup=want_lookup).read(end_checkpoint).assert_consumed()
+  want = {n: {k: np.asarray(v) for k, v in t.state().items()}
+          for n, t in want_lookup.tables.items()}
+  for n in (1, 2):
+    with mirrored(n).scope():
+      lookup = make_lookup()
+    manager = tfde.checkpoint.DeltaCheckpointManager(tf.train.Checkpoint(lookup=lookup),
+                                                     delta_dir)
+    assert manager.restore() is not None
+    for name, table in lookup.tables.items():
+      got = table.state()
+      assert sorted(got) == sorted(want[name]), name
+      for key, value in got.items():
+        np.testing.assert_array_equal(np.asarray(value), want[name][key],
+                                      err_msg=f"{n} replicas, table {name}, {key}")
+
+
 @pytest.mark.timeout(TIMEOUT_S + 60)
 @pytest.mark.parametrize("optimizer", ["adam", "ftrl"])
 def test_multi_worker_mirrored_two_processes(tmp_path, optimizer):
   batches_path, batches = _write_batches(str(tmp_path), optimizer)
-  commands, envs = _mwms_commands(tmp_path, optimizer, batches_path)
+  # The adam run also writes delta checkpoints (a chain of 5 saves) and an
+  # end checkpoint, each worker saving every step.
+  extra = ["--delta-dir", str(tmp_path / "deltas"), "--delta-full-every", "5",
+           "--checkpoint", str(tmp_path / "end")] if optimizer == "adam" else []
+  commands, envs = _mwms_commands(tmp_path, optimizer, batches_path, extra)
   procs, outputs = _run_group(commands, envs, cwd=REPO)
   for p, out in zip(procs, outputs):
     assert p.returncode == 0, out[-3000:]
   _check_against_reference(str(tmp_path), optimizer, batches)
+  if optimizer == "adam":
+    variant = ["sgd", "adagrad", "adam", "ftrl"].index(optimizer)
+    _delta_chain_equals_end_checkpoint(
+        lambda: h.sharded_lookup(h.feature_configs(optimizer, variant)),
+        str(tmp_path / "deltas"), str(tmp_path / "end"))
 
 
 def _horovod_env_ready():
@@ -325,11 +361,18 @@ def test_dynamic_table_under_multi_worker_mirrored(tmp_path):
   checkpoint = str(tmp_path / "ckpt")
   commands, envs = _worker_group(["-m", "tests.dynamic_worker", "--mode", "mwms",
                                   "--optimizer", "adam", "--batches", batches_path,
-                                  "--out", str(tmp_path), "--checkpoint", checkpoint])
+                                  "--out", str(tmp_path), "--checkpoint", checkpoint,
+                                  "--delta-dir", str(tmp_path / "deltas"),
+                                  "--delta-full-every", str(DYNAMIC_STEPS)])
   procs, outputs = _run_group(commands, envs, cwd=REPO)
   for p, out in zip(procs, outputs):
     assert p.returncode == 0, out[-3000:]
   _check_dynamic(str(tmp_path), "adam", batches)
+  # One chain of deltas over every step (admissions and evictions in them).
+  _delta_chain_equals_end_checkpoint(
+      lambda: h.sharded_lookup(dynamic_harness.feature_configs(
+          dynamic_harness.table_config("adam", admit_after=2, evict_after_steps=4))),
+      str(tmp_path / "deltas"), checkpoint)
   # The 2-worker checkpoint restores into this single process unchanged.
   saved = np.load(os.path.join(tmp_path, "dynamic_0.npz"))
   lookup = h.sharded_lookup(dynamic_harness.feature_configs(

@@ -25,6 +25,11 @@ def parser(description):
                  help="exit abruptly before this (0-based) step")
   p.add_argument("--resume", action="store_true",
                  help="restore the latest checkpoint and go on from it")
+  p.add_argument("--checkpoint", help="write a checkpoint here at the end")
+  p.add_argument("--delta-dir", help="a DeltaCheckpointManager saves here after "
+                 "every step")
+  p.add_argument("--delta-full-every", type=int, default=5,
+                 help="the delta manager's full_every_n")
   p.add_argument("--out-of-step-at", type=int, default=-1,
                  help="before this (0-based) step, worker 1 counts one step "
                       "more, as a worker that went on after a failed step")
@@ -107,6 +112,27 @@ def checkpointing(args, lookup, rank, step_of):
   start_step = step_of(lookup)
   print(f"worker {rank} resumed from {latest} at step {start_step}", flush=True)
   return manager, start_step
+
+
+def delta_checkpointing(args, lookup, rank):
+  """A DeltaCheckpointManager saving the model's chains, or None. The chief
+  writes the real directory, other workers theirs aside (each process
+  saves: the changes are gathered by a collective)."""
+  if not args.delta_dir:
+    return None
+  import tfde  # pylint: disable=g-import-not-at-top
+  directory = args.delta_dir if rank == 0 else f"{args.delta_dir}_worker_{rank}"
+  return tfde.checkpoint.DeltaCheckpointManager(
+      tf.train.Checkpoint(lookup=lookup), directory,
+      full_every_n=args.delta_full_every, max_to_keep=1)
+
+
+def write_checkpoint(args, lookup, rank):
+  """The end state as one tf.train checkpoint at args.checkpoint (every
+  worker writes, a collective; the chief's copy is the real one)."""
+  if args.checkpoint:
+    path = args.checkpoint if rank == 0 else f"{args.checkpoint}_worker_{rank}"
+    tf.train.Checkpoint(lookup=lookup).write(path)
 
 
 def die_if_asked(args, index, rank):

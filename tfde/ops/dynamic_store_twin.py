@@ -230,8 +230,15 @@ class DynamicStoreTwin:
     with tf.control_dependencies(_ops_of([update])):
       return tf.size(rows, out_type=tf.int64)
 
-  def export(self):
+  def export(self, seen_after=None):
+    """Every row sorted by id (with `seen_after`, only the rows last seen
+    after that step), and the pending ids whole."""
     order = tf.argsort(self._keys, stable=True)
+    if seen_after is not None:
+      seen_after = _int64(seen_after, "seen_after")
+      checks = check_rank(seen_after, 0, "seen_after")
+      with tf.control_dependencies(checks):
+        order = tf.boolean_mask(order, tf.gather(self._last, order) > seen_after)
     pending_ids, pending_counts = [tf.reshape(x, [-1]) for x in
                                    self._pending_count.export()]
     pending_order = tf.argsort(pending_ids, stable=True)

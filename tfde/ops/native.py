@@ -203,8 +203,11 @@ class NativeDynamicStore:
               tf.cast(grad, tf.float32), _rows(grad_rows),
               *[_scalar(s) for s in scalars], by_address=by_address)
 
-  def export(self):
-    return load().tfde_dynamic_table_export(self._handle)
+  def export(self, seen_after=None):
+    if seen_after is None:
+      return load().tfde_dynamic_table_export(self._handle)
+    return load().tfde_dynamic_table_export_seen_after(self._handle,
+                                                       _int64(seen_after, "seen_after"))
 
   def import_(self, ids, values, counts, last_seen, pending_ids, pending_counts,
               pending_last_seen):

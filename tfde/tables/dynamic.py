@@ -188,12 +188,14 @@ class DynamicTable(base.Table):
 
   # ---- whole-table state
 
-  def _gathered(self):
-    """Every shard's export, concatenated and sorted by id (a collective
-    when shards live in other processes)."""
+  def _gathered(self, seen_after=None):
+    """Every shard's export (with `seen_after`, only its rows last seen
+    after that step), concatenated and sorted by id (a collective when
+    shards live in other processes)."""
     fields = ("ids", "values", "counts", "last_seen") + PENDING_FIELDS
     parts = self.comm.concat_replica_values(
-        {r: list(self.stores[r].export()) if r in self.stores else self._no_rows()
+        {r: list(self.stores[r].export(seen_after)) if r in self.stores
+            else self._no_rows()
          for r in self.comm.local_replicas()})
     whole = dict(zip(fields, parts))
     order = tf.argsort(whole["ids"], stable=True)
@@ -213,7 +215,10 @@ class DynamicTable(base.Table):
     return list(ROW_FIELDS) + super().state_keys() + list(PENDING_FIELDS)
 
   def state(self, keys=None):
-    whole = self._gathered()
+    return self._state(keys)
+
+  def _state(self, keys=None, seen_after=None):
+    whole = self._gathered(seen_after)
     tensors = {"table": whole["values"][:, 0]}
     for k, slot in enumerate(self.optimizer.slot_names):
       tensors[base.SLOT_PREFIX + slot] = whole["values"][:, k + 1]
@@ -298,14 +303,14 @@ class DynamicTable(base.Table):
     return super().change_keys() + [REMOVED_IDS]
 
   def _changes_since_step(self, step):
-    # The store exports whole (no op reads rows by id with their slots):
-    # the delta's size follows the rows changed, its time the live rows.
-    whole = self.export_rows()
-    changed = whole["last_seen"] > step
-    changes = {key: whole[key][changed] for key in ROW_FIELDS}
-    changes["table"] = whole["table"][changed]
+    # The stores export only the rows last seen after the step (every
+    # update of a row looks it up, which sets last_seen): the delta's size
+    # and time follow the rows changed, not the live rows.
+    changed = {k: v.numpy() for k, v in self._state(seen_after=step).items()}
+    changes = {key: changed[key] for key in ROW_FIELDS}
+    changes["table"] = changed["table"]
     for slot in self.optimizer.slot_names:
-      changes[base.SLOT_PREFIX + slot] = whole[base.SLOT_PREFIX + slot][changed]
+      changes[base.SLOT_PREFIX + slot] = changed[base.SLOT_PREFIX + slot]
     parts = {}
     for replica in self.comm.local_replicas():
       if replica not in self.evicted_at:  # holds none of the table's rows
@@ -315,11 +320,12 @@ class DynamicTable(base.Table):
       parts[replica] = [tf.boolean_mask(tf.reshape(ids, [-1]),
                                         tf.reshape(steps, [-1]) > step)]
     evicted = self.comm.concat_replica_values(parts)[0].numpy()
-    changes[REMOVED_IDS] = np.setdiff1d(evicted, whole["ids"])
+    # An id evicted and admitted again since is live, and was seen since.
+    changes[REMOVED_IDS] = np.setdiff1d(evicted, changed["ids"])
     # Pending ids are few and carry no rows: whole, they also say which
     # ones expired or were admitted.
     for key in PENDING_FIELDS + ("step",):
-      changes[key] = whole[key]
+      changes[key] = changed[key]
     return changes
 
   def check_changes(self, changes, source="delta"):
