@@ -230,10 +230,12 @@ def test_movielens_example_runs(use_movielens):
 
 
 def test_train_job_writes_delta_checkpoints_and_exports(tmp_path):
-  """--delta-every 4: at steps 4 and 8 a checkpoint and an export, whole
-  then as a delta of the rows changed, their sizes in the report."""
+  """--delta-every 4: at steps 4 and 8 a checkpoint and an export of the
+  whole model, whole then as a delta of the rows changed, their sizes in
+  the report; the first export with the delta applied holds the tables of
+  the job's final checkpoint (step 8, the last)."""
   report = tmp_path / "report"
-  small = dict(SMALL, data=dict(SMALL["data"], train_samples=5000, eval_samples=1000),
+  small = dict(SMALL, data=dict(SMALL["data"], train_samples=4200, eval_samples=1000),
                training={"batch_size": 512, "epochs": 1})
   result = _run(["-m", "tfde.app.cli", "train", "--config", _write(tmp_path, small),
                  "--report-dir", str(report), "--delta-every", "4"])
@@ -246,3 +248,15 @@ def test_train_job_writes_delta_checkpoints_and_exports(tmp_path):
   assert 0 < records[1]["export_rows"] < 50000 + 2000 + 30
   assert (report / "serving" / "delta-8" / "FINGERPRINTS").exists()
   assert "| 8 | delta |" in (report / "summary.md").read_text()
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfde.app import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+  served = tf.saved_model.load(str(report / "serving" / "full-4"))
+  assert "serving_default" in served.signatures
+  before = {name: v.numpy() for name, v in served.tables["embedding"].items()}
+  served.apply_delta(str(report / "serving" / "delta-8"))
+  _, final = inspect_lib.read_tables(str(report / "checkpoint"))
+  assert sorted(t.name for t in final) == sorted(before)
+  for table in final:
+    got = served.tables["embedding"][table.name].numpy()
+    np.testing.assert_array_equal(got, table.rows, err_msg=table.name)
+    assert not np.array_equal(got, before[table.name]), table.name

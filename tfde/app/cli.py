@@ -151,7 +151,7 @@ def run_job(config, data_path=None, report_dir=None, verbose=1, config_file=None
     from tfde.app import continuous  # pylint: disable=g-import-not-at-top
     callbacks.append(continuous.delta_saver(
         model, report_dir, delta_every,
-        data_lib.embedding_inputs(next(iter(eval_ds))[0], sorted(full.vocabulary))))
+        next(iter(eval_ds))[0]))
   for epoch in range(config.training.epochs):
     # Shuffled in numpy, so the job knows each step's ids (its statistics).
     order = train.permuted(config.seed * 1000 + epoch)

@@ -1,8 +1,8 @@
 """`tfde train --delta-every N`: while training, every N steps a delta
 checkpoint of the whole model (`tfde.checkpoint.DeltaCheckpointManager`)
-and a delta export for serving of its embedding layer
-(`tfde.serving.export_delta`: the tables' changed rows), sizes recorded
-for the report.
+and a delta export of it for serving (`tfde.serving.export_delta`: the
+tables' changed rows, the dense layers whole), sizes recorded for the
+report.
 
 >>> from tfde.app import continuous
 >>> continuous.summary_lines([{"step": 10, "checkpoint": "full",
@@ -24,8 +24,8 @@ def _directory_bytes(path):
 
 def delta_saver(model, report_dir, every, example_inputs):
   """A Keras callback saving a delta checkpoint of `model` and a delta
-  export of its embedding layer (`model.embedding`, served on inputs like
-  `example_inputs`) every `every` training steps (the first of each:
+  export of it (served on inputs like `example_inputs`, one batch of the
+  job's data) every `every` training steps (the first of each:
   whole) under `report_dir` (delta_checkpoints/, serving/); its `records`
   list what each wrote."""
   import keras  # pylint: disable=g-import-not-at-top
@@ -55,11 +55,11 @@ def delta_saver(model, report_dir, every, example_inputs):
                 "checkpoint_bytes": link["bytes"]}
       if self.previous_export is None:
         path = os.path.join(self.serving_dir, f"full-{self.steps}")
-        tfde.export_for_serving(model.embedding, path, example_inputs)
+        tfde.export_for_serving(model, path, example_inputs)
         record.update(export="full", export_bytes=_directory_bytes(path), export_rows=0)
       else:
         path = os.path.join(self.serving_dir, f"delta-{self.steps}")
-        info = tfde.serving.export_delta(model.embedding, path, base=self.previous_export)
+        info = tfde.serving.export_delta(model, path, base=self.previous_export)
         record.update(export="delta", export_bytes=info["bytes"],
                       export_rows=info["rows"])
       self.previous_export = path

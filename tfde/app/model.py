@@ -33,6 +33,14 @@ def build_model(config, vocabulary, task, dense_features):
           [keras.layers.Dense(u, activation="relu") for u in m.top_mlp] +
           [keras.layers.Dense(1, activation="sigmoid" if task == "ctr" else None)])
 
+    @property
+    def _default_save_signature(self):
+      # Keras would trace a serving function of its own for this subclassed
+      # model, with float32 inputs (it knows their shapes only): the ids
+      # are ints. tfde.export_for_serving writes the model's serving
+      # function with the inputs' real types.
+      return None
+
     def call(self, x):
       # Multi-hot features as ragged ids: their padding never reaches a table.
       emb = self.embedding(data_lib.embedding_inputs(x, features))
