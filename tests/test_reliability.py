@@ -44,15 +44,61 @@ def test_a_nan_gradient_is_an_error_naming_the_table_and_step(n):
   strategy = mirrored(n)
   with strategy.scope():
     lookup = h.sharded_lookup(_configs("error"))
-  # A and B share an exchange: neither trains (B's finite gradients
-  # trained it once, the step half applied).
+  # A and B share an exchange, C (another width) has its own: no table
+  # trains (B's finite gradients trained it once, the step half applied;
+  # C's trained it until the step became atomic across exchanges).
   group = next(g.index for g in lookup._groups if "A" in g.index)  # pylint: disable=protected-access
-  assert sorted(group) == ["A", "B"]
-  before = {name: _state(lookup.tables[name]) for name in group}
+  assert sorted(group) == ["A", "B"] and "C" not in group
+  before = {name: _state(lookup.tables[name]) for name in ("A", "B", "C")}
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=r"table A: the gradient of step 1 holds NaN or Inf"):
     _run(strategy, lookup, _poisoned_batch(n))
-  _assert_same(before, {name: _state(lookup.tables[name]) for name in group})
+  _assert_same(before, {name: _state(lookup.tables[name]) for name in ("A", "B", "C")})
+
+
+def _ancestors(op):
+  seen, todo = set(), [op]
+  while todo:
+    current = todo.pop()
+    for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+      if parent not in seen:
+        seen.add(parent)
+        todo.append(parent)
+  return seen
+
+
+def test_every_update_of_a_step_waits_for_every_tables_check():
+  """Structural, so independent of which op runs first: in the traced
+  training step, each table's sparse update (A and B share an exchange, C
+  has its own) depends on the non-finite check of every table. A check
+  failing therefore leaves every table, of every exchange, unchanged."""
+  strategy = mirrored(1)
+  with strategy.scope():
+    lookup = h.sharded_lookup(_configs("error"))
+  assert len(lookup._groups) == 2  # pylint: disable=protected-access
+  per = [h.replica_inputs(h.make_batch(0, weighted=True, seed=4, num_replicas=1), 0, 1)]
+  step = make_step(strategy, lookup, weighted=True)
+  graph = step.get_concrete_function(
+      *[distribute(strategy, [p[i] for p in per]) for i in range(3)]).graph
+
+  def message(op):
+    """The constant parts of an Assert's message (a StringJoin of them)."""
+    parts = [t.op for t in op.inputs if t.dtype == tf.string]
+    parts += [t.op for p in parts if p.type == "StringJoin" for t in p.inputs]
+    return " ".join(b.decode() for p in parts if p.type == "Const"
+                    for b in p.get_attr("value").string_val)
+
+  checks = {}  # table -> its checks (the step's, and the table's own guard)
+  for op in graph.get_operations():
+    if op.type == "Assert" and "holds NaN or Inf" in message(op):
+      checks.setdefault(message(op).split(":")[0].strip(), []).append(op)
+  assert sorted(checks) == ["table A", "table B", "table C"], sorted(checks)
+  updates = [op for op in graph.get_operations() if op.type.startswith("TfdeSparseApply")]
+  assert len(updates) == 3, [op.type for op in updates]
+  for update in updates:
+    before = _ancestors(update)
+    missing = [name for name, ops in checks.items() if not before.intersection(ops)]
+    assert not missing, (update.name, missing)
 
 
 def test_a_refused_step_moves_no_step_of_a_skipping_neighbour():

@@ -117,6 +117,17 @@ def _dedup(step):
       num_rows=tf.size(unique), deduped=True)
 
 
+def _after_checks(grads):
+  """`grads` (a tensor or a `BagGradients`) through identities: made under
+  the non-finite checks' control dependencies, every update reading them
+  waits for every check."""
+  if isinstance(grads, ops.BagGradients):
+    return dataclasses.replace(grads, **{
+        f.name: tf.identity(getattr(grads, f.name)) for f in dataclasses.fields(grads)
+        if isinstance(getattr(grads, f.name), tf.Tensor)})
+  return tf.identity(grads)
+
+
 def as_one_batch(features, combiners):
   """The features as one ragged batch: (row_splits, weights, combiner).
 
@@ -326,13 +337,15 @@ class ShardedLookup(tf.Module):
     for f in flat:
       for part in getattr(f.table, "slices", [f.table]):
         parts.append(dataclasses.replace(f, table=part))
-    outputs = {}
+    plan = []
     for group in self._groups:
       members = [f for f in parts if f.table.name in group.index]
       if members:
-        for feature, out in zip(members, self._lookup_group(group, members, trigger,
-                                                            training)):
-          outputs.setdefault(feature.name, {})[feature.table.name] = (feature, out)
+        plan.append((group, members))
+    outputs = {}
+    for feature, out in zip([f for _, members in plan for f in members],
+                            self._lookup_groups(plan, trigger, training)):
+      outputs.setdefault(feature.name, {})[feature.table.name] = (feature, out)
     result = {}
     for name in self.feature_configs:
       table = self.tables[self.feature_configs[name].table.name]
@@ -345,36 +358,49 @@ class ShardedLookup(tf.Module):
       result[name] = inputs_lib.shape_output(feature, out)
     return result
 
-  # ---- the pipeline for one group: three stages forward, and backward
+  # ---- the pipeline: three stages forward per group, and backward
 
-  def _lookup_group(self, group, features, trigger, training):
-    fused_ids = group.fused_ids(features)
-    # A feature's own config decides its combiner (SOK picks it per lookup).
-    # Unpooled features sum samples of one id (or none).
-    combiners = [self.feature_configs[f.name].table.combiner
-                 if self.feature_configs[f.name].output == "pooled" else "sum"
-                 for f in features]
-    # Weights are inputs of the lookup, differentiated as
-    # tf.nn.embedding_lookup_sparse does, when something asks for it.
-    trained_weights = [i for i, f in enumerate(features)
-                       if f.weights is not None and wants_gradient(f.weights)]
+  def _lookup_groups(self, plan, trigger, training):
+    """Every group's pipeline, [(group, features)], under one custom
+    gradient: the backward sees every group's gradients at once, so a step
+    that one table refuses (non-finite gradients) updates no table."""
+    prepared = []
+    for group, features in plan:
+      # A feature's own config decides its combiner (SOK picks it per
+      # lookup). Unpooled features sum samples of one id (or none).
+      combiners = [self.feature_configs[f.name].table.combiner
+                   if self.feature_configs[f.name].output == "pooled" else "sum"
+                   for f in features]
+      # Weights are inputs of the lookup, differentiated as
+      # tf.nn.embedding_lookup_sparse does, when something asks for it.
+      trained = [i for i, f in enumerate(features)
+                 if f.weights is not None and wants_gradient(f.weights)]
+      prepared.append((group, features, group.fused_ids(features), combiners, trained))
 
     @tf.custom_gradient
     def lookup(trigger_value, *weight_values):
-      members = list(features)
-      for i, w in zip(trained_weights, weight_values):
-        members[i] = dataclasses.replace(members[i], weights=w)
-      step = self._input_dist(group, members, combiners, fused_ids)
-      outputs = self._compute_and_output_dist(step, training)
-      step.outputs = outputs
+      steps, outputs = [], []
+      given = iter(weight_values)
+      for group, features, fused_ids, combiners, trained in prepared:
+        members = list(features)
+        for i in trained:
+          members[i] = dataclasses.replace(members[i], weights=next(given))
+        step = self._input_dist(group, members, combiners, fused_ids)
+        step.outputs = self._compute_and_output_dist(step, training)
+        steps.append(step)
+        outputs.extend(step.outputs)
 
       def grad_fn(*output_grads, variables=None):
-        return self._backward(step, output_grads, trigger_value, variables or [],
-                              trained_weights)
+        grads, start = [], 0
+        for step in steps:
+          grads.append(list(output_grads[start:start + len(step.features)]))
+          start += len(step.features)
+        return self._backward(steps, grads, trigger_value, variables or [],
+                              [p[4] for p in prepared])
 
       return outputs, grad_fn
 
-    return lookup(trigger, *[features[i].weights for i in trained_weights])
+    return lookup(trigger, *[p[1][i].weights for p in prepared for i in p[4]])
 
   def _input_dist(self, group, features, combiners, fused_ids):
     """Stage 1: dedup, group the unique ids by owner, and send each owner
@@ -471,57 +497,66 @@ class ShardedLookup(tf.Module):
           step.outputs[i], step.combiners[i]))
     return out
 
-  def _backward(self, step, output_grads, trigger_value, variables,
-                trained_weights=()):
+  def _backward(self, steps, output_grads, trigger_value, variables, trained_weights):
     """Gradients of the rows read, to their owners, summed per row; then
-    one optimizer step per table (or IndexedSlices, SOK style)."""
-    step = _dedup(step)
-    group = step.group
-    grads = [tf.zeros(tf.stack([tf.size(f.row_splits) - 1, group.width]), tf.float32)
-             if g is None else g for f, g in zip(step.features, output_grads)]
-    weights_grads = self._weights_gradients(step, grads, trained_weights)
+    one optimizer step per table (or IndexedSlices, SOK style). One entry
+    per group in `steps`, `output_grads` and `trained_weights`."""
+    steps = [_dedup(step) for step in steps]
+    grads = [[tf.zeros(tf.stack([tf.size(f.row_splits) - 1, step.group.width]), tf.float32)
+              if g is None else g for f, g in zip(step.features, step_grads)]
+             for step, step_grads in zip(steps, output_grads)]
+    weights_grads = [w for step, g, trained in zip(steps, grads, trained_weights)
+                     for w in self._weights_gradients(step, g, trained)]
     # The weights' gradients read the rows as the forward combined them,
     # so before this step's update.
     with tf.control_dependencies(weights_grads):
-      trigger_grad, variables_grads = self._rows_backward(step, grads, trigger_value,
+      trigger_grad, variables_grads = self._rows_backward(steps, grads, trigger_value,
                                                           variables)
     return [trigger_grad] + weights_grads, variables_grads
 
-  def _rows_backward(self, step, grads, trigger_value, variables):
+  def _owned_gradients(self, step, grads):
+    """(rows this replica owns, their gradients summed over every replica)."""
     group = step.group
     output_grad = grads[0] if len(grads) == 1 else tf.concat(grads, 0)
     splits, weights, combiner = step.batch
     every_copy = group.replicated and self.comm.num_replicas > 1
     if step.fused and self.train_in_backward and not every_copy:
-      owned = step.routed.requested
-      summed = ops.gradients_for_update(output_grad, step.routed.answer_index,
-                                        splits, weights, step.num_rows, combiner)
-    else:
-      # One gradient row per answered row, so already grouped by owner.
-      answer_grad = ops.embedding_combine_grad(output_grad, step.routed.answer_index,
-                                               splits, weights, step.num_rows, combiner)
-      if step.raw_rows is not None:
-        answer_grad = ops.renormalize_rows_grad(step.raw_rows, answer_grad,
-                                                step.row_max_norm)
-      owned, summed = group.owned_gradients(self.comm, answer_grad, step.routed)
+      return step.routed.requested, ops.gradients_for_update(
+          output_grad, step.routed.answer_index, splits, weights, step.num_rows, combiner)
+    # One gradient row per answered row, so already grouped by owner.
+    answer_grad = ops.embedding_combine_grad(output_grad, step.routed.answer_index,
+                                             splits, weights, step.num_rows, combiner)
+    if step.raw_rows is not None:
+      answer_grad = ops.renormalize_rows_grad(step.raw_rows, answer_grad,
+                                              step.row_max_norm)
+    return group.owned_gradients(self.comm, answer_grad, step.routed)
+
+  def _rows_backward(self, steps, grads, trigger_value, variables):
+    owned = [self._owned_gradients(step, g) for step, g in zip(steps, grads)]
     if self.train_in_backward:
-      finite = self._finite_by_table(step, grads)
-      # A table that refuses a non-finite step refuses it for its group:
-      # no table of the group is updated (each table's own guard alone
-      # would let its neighbours train).
-      refusals = [c for t in group.tables for c in t.nonfinite_checks(step.replica,
-                                                                       finite[t.name])]
+      finite = {}
+      for step, g in zip(steps, grads):
+        finite.update(self._finite_by_table(step, g))
+      # A table that refuses a non-finite step refuses it for the whole
+      # step: every table's check runs before any table of any group is
+      # updated (each table's own guard alone would let the others train).
+      refusals = [c for step in steps for t in step.group.tables
+                  for c in t.nonfinite_checks(step.replica, finite[t.name])]
+      applied = []
       with tf.control_dependencies(refusals):
         # As data too: a control edge into a tf.cond (a skipping table's
         # guard) does not hold back the ops of its branches.
         finite = {name: tf.identity(flag) for name, flag in finite.items()}
-        owned = tf.identity(owned)
-        applied = group.apply_gradient(step.replica, owned, summed, finite)
+        for step, (rows, summed) in zip(steps, owned):
+          applied += step.group.apply_gradient(
+              step.replica, tf.identity(rows), _after_checks(summed), finite)
       # Zero, but computed from the updates' results, so whatever consumes
       # the trigger's gradient runs them.
       done = tf.add_n([tf.cast(u, trigger_value.dtype) for u in applied])
       return tf.zeros_like(trigger_value) * done, [None] * len(variables)
-    slices = group.gradient_slices(step.replica, owned, summed)
+    slices = {}
+    for step, (rows, summed) in zip(steps, owned):
+      slices.update(step.group.gradient_slices(step.replica, rows, summed))
     return tf.zeros_like(trigger_value), [slices.get(id(v)) for v in variables]
 
   def _finite_by_table(self, step, output_grads):

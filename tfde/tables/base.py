@@ -190,14 +190,14 @@ class Table(tf.Module):
   def nonfinite_checks(self, replica, finite):
     """[] for a table that skips non-finite updates, else [an assertion
     that `finite` holds, naming the table and step]: the pipeline runs it
-    before any table of the group is updated."""
+    before any table of the step is updated."""
     if finite is None or self.config.nonfinite == "skip":
       return []
     return [checks.assert_that(
         finite, f"table {self.name}: the gradient of step ",
         tf.convert_to_tensor(self.steps[replica]) + 1,
-        " holds NaN or Inf; no row or slot of it (nor of the tables that "
-        "share its exchange) was updated "
+        " holds NaN or Inf; no row or slot of it (nor of any other table "
+        "in the step) was updated "
         "(TableConfig(nonfinite='skip') skips such updates instead)")]
 
   def skipped_updates(self):
