@@ -161,7 +161,7 @@ dtensor-test: ops
 dtensor-bench: ops
 	$(PY) bench/dtensor_bench.py
 
-# The long multi-process reliability checks beside those in `make test`:
+# The multi-process reliability checks alone (`make test` runs them too):
 # a Horovod rank killed (2 ranks) or stopped (4 ranks) ends the job.
 reliability: ops hvd-env
 	TFDE_PEER_TESTS=1 TFDE_REQUIRE_HOROVOD=1 $(PY) -m pytest -q -p no:cacheprovider \

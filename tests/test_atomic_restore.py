@@ -160,3 +160,54 @@ def test_a_keras_file_with_a_table_of_another_shape_loads_no_table(tmp_path, fmt
   with pytest.raises(ValueError, match=r"table 'movie': saved shape \(50, 4\)"):
     target.load_weights(path)
   _assert_unchanged(before, lookup)
+
+
+def _two_layer_model(second_vocabulary=40, head_units=1):
+  """Two tfde layers (each with its own tables) and a dense head."""
+  layers_out, inputs = [], {}
+  for layer, (name, vocabulary) in enumerate((("first", 30), ("second", second_vocabulary))):
+    config = tfde.layers.TableConfig(name=name, vocabulary_size=vocabulary,
+                                     embedding_dim=4, optimizer="adam")
+    inputs[name] = keras.Input(shape=(), dtype="int64", name=name)
+    embedding = tfde.layers.DistributedEmbedding(
+        {name: tfde.layers.FeatureConfig(name=name, table=config)}, name=f"embedding_{layer}")
+    layers_out.append(embedding({name: inputs[name]})[name])
+  out = keras.layers.Dense(head_units, name="head")(keras.layers.Concatenate()(layers_out))
+  return keras.Model(inputs, out)
+
+
+def _lookups(model):
+  return [model.get_layer(f"embedding_{i}")._lookup for i in range(2)]  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("fmt", ["keras", "weights.h5"])
+@pytest.mark.parametrize("bad", ["second tfde layer", "dense head"])
+def test_a_failed_load_changes_no_tfde_layer_of_the_model(tmp_path, fmt, bad):
+  """A model with two tfde layers: a file whose second layer's table (or
+  whose dense head) has another shape loads no table of either layer;
+  Keras reports the failure. The same file into a model that fits loads
+  every table."""
+  source = _two_layer_model()
+  for lookup in _lookups(source):
+    _fill(lookup.tables, 7.0, 5)
+  path = str(tmp_path / f"m.{fmt}")
+  if fmt == "keras":
+    source.save(path)
+  else:
+    source.save_weights(path)
+  target = (_two_layer_model(second_vocabulary=60) if bad == "second tfde layer"
+            else _two_layer_model(head_units=2))
+  lookups = _lookups(target)
+  for lookup in lookups:
+    _fill(lookup.tables, 1.0, 2)
+  before = [_states(lookup) for lookup in lookups]
+  with pytest.raises(ValueError):
+    target.load_weights(path)
+  for state, lookup in zip(before, lookups):
+    _assert_unchanged(state, lookup)
+  fitting = _two_layer_model()
+  fitting.load_weights(path)
+  for lookup, want in zip(_lookups(fitting), _lookups(source)):
+    for name, table in lookup.tables.items():
+      np.testing.assert_array_equal(table.full_table(), want.tables[name].full_table())
+      assert table.step_value() == 5

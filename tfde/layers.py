@@ -23,6 +23,8 @@ from tfde import keras_support
 if not keras_support.has_keras3():
   raise ImportError(keras_support.missing_keras3_message())
 
+import sys  # noqa: E402
+
 import keras  # noqa: E402
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 import numpy as np
@@ -73,6 +75,52 @@ def _placeholder_output(feature, ids):
   if feature.output == "ragged":
     return tf.RaggedTensor.from_row_lengths(tf.zeros([0, dim]), tf.zeros([batch], tf.int64))
   return tf.zeros(tf.stack([batch, dim]))
+
+
+class _StagedLoad:
+  """The tfde layers' states read from one Keras weights store, written
+  when Keras closes the store at the end of its load, and only if every
+  tfde layer's state checked out and Keras recorded no other failure: a
+  model with several tfde layers (or a failing dense layer) loads every
+  table or none. Keras loads each object on its own and reports the
+  failures at the end, so without this the layers read before a bad one
+  would already be loaded."""
+
+  _STORES = ("H5IOStore", "ShardedH5IOStore", "NpzIOStore")
+
+  def __init__(self, store):
+    self.writes, self.failed = [], False
+    close = store.close
+
+    def close_and_write():
+      try:
+        # The frame of Keras's saving_lib that closes the store holds its
+        # failures (`failed_saveables`) and `skip_mismatch` (whether
+        # failures are only warnings). Where that frame cannot be read, the
+        # tfde layers' own checks decide.
+        caller = sys._getframe(1).f_locals  # pylint: disable=protected-access
+        others_failed = bool(caller.get("failed_saveables"))
+        partial_ok = bool(caller.get("skip_mismatch"))
+        if partial_ok or not (self.failed or others_failed):
+          for write in self.writes:
+            write()
+      finally:
+        del store.close
+        close()
+
+    store.close = close_and_write
+
+  @classmethod
+  def of(cls, store):
+    """The staged load of a Keras weights store (one per store), or None
+    for another store (a dict: written at once)."""
+    if type(store).__name__ not in cls._STORES or not hasattr(store, "close"):
+      return None
+    staged = getattr(store, "_tfde_staged_load", None)
+    if staged is None:
+      staged = cls(store)
+      store._tfde_staged_load = staged  # pylint: disable=protected-access
+    return staged
 
 
 @keras.saving.register_keras_serializable(package="tfde")
@@ -283,6 +331,21 @@ class DistributedEmbedding(keras.layers.Layer):
           tables_base.state_checksum(stored), np.int64)
 
   def load_own_variables(self, store):
+    staged = _StagedLoad.of(store)
+    try:
+      write = self._checked_load(store)
+    except Exception:
+      if staged is not None:
+        staged.failed = True
+      raise
+    if staged is None:
+      write()
+    else:
+      staged.writes.append(write)
+
+  def _checked_load(self, store):
+    """Reads and checks every table's saved state; returns the function
+    that writes them (nothing is written before every table checked out)."""
     keys = set(store.keys())
     states = {}
     for name, table in self._lookup.tables.items():
@@ -312,9 +375,13 @@ class DistributedEmbedding(keras.layers.Layer):
           raise ValueError(f"table {name!r}: the saved weights fail their "
                            f"checksum (saved {saved}, read {read}); the file "
                            "is corrupted, and nothing was loaded")
-    self.sparse_update_trigger.assign(np.asarray(store["sparse_update_trigger"]))
-    for name, table in self._lookup.tables.items():
-      table.load_state(states[name], source="saved")
+    trigger = np.asarray(store["sparse_update_trigger"])
+
+    def write():
+      self.sparse_update_trigger.assign(trigger)
+      for name, table in self._lookup.tables.items():
+        table.load_state(states[name], source="saved")
+    return write
 
   def get_config(self):
     config = super().get_config()
