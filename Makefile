@@ -162,7 +162,8 @@ dtensor-bench: ops
 	$(PY) bench/dtensor_bench.py
 
 # The multi-process reliability checks alone (`make test` runs them too):
-# a Horovod rank killed (2 ranks) or stopped (4 ranks) ends the job.
+# non-finite gradients across processes, and the grid of peers killed or
+# stopped (2 and 4 processes, MultiWorkerMirroredStrategy and Horovod).
 reliability: ops hvd-env
 	TFDE_PEER_TESTS=1 TFDE_REQUIRE_HOROVOD=1 $(PY) -m pytest -q -p no:cacheprovider \
 	    --timeout=900 tests/test_multiprocess_reliability.py
