@@ -34,6 +34,7 @@ def main():
   with strategy.scope():
     lookup = h.sharded_lookup(configs)
   assert lookup.comm.num_replicas == num_replicas, lookup.comm
+  refused = w.refused_restore(args, lookup)
   initial = {name: t.shards[rank].numpy() for name, t in lookup.tables.items()}
 
   def replica_step(inputs, weights, targets):
@@ -66,7 +67,8 @@ def main():
       deltas.save()
   w.write_checkpoint(args, lookup, rank)
 
-  result = {f"initial/{n}": v for n, v in initial.items()}
+  result = dict(refused)
+  result.update({f"initial/{n}": v for n, v in initial.items()})
   result.update({f"final/{n}": t.shards[rank].numpy()
                  for n, t in lookup.tables.items()})
   result.update({f"output/{f}": v for f, v in first.items()})

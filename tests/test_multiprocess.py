@@ -161,19 +161,41 @@ def _delta_chain_equals_end_checkpoint(make_lookup, delta_dir, end_checkpoint):
                                       err_msg=f"{n} replicas, table {name}, {key}")
 
 
+def _checkpoint_with_another_table_b(tmp_path):
+  """A checkpoint of the harness's tables (ftrl; other seeds, so every
+  table's values differ from the workers') whose table B has 60 rows, not
+  50: restoring it into the harness must fail on B."""
+  configs = h.feature_configs("ftrl", 3)
+  for feature in configs.values():
+    feature.table.seed += 100
+    if feature.table.name == "B":
+      feature.table.vocabulary_size = 60
+  lookup = h.sharded_lookup(configs)
+  return tf.train.Checkpoint(lookup=lookup).write(str(tmp_path / "bad" / "ckpt"))
+
+
 @pytest.mark.timeout(TIMEOUT_S + 60)
 @pytest.mark.parametrize("optimizer", ["adam", "ftrl"])
 def test_multi_worker_mirrored_two_processes(tmp_path, optimizer):
   batches_path, batches = _write_batches(str(tmp_path), optimizer)
   # The adam run also writes delta checkpoints (a chain of 5 saves) and an
-  # end checkpoint, each worker saving every step.
+  # end checkpoint, each worker saving every step; the ftrl run first
+  # restores a checkpoint whose table B has another shape.
   extra = ["--delta-dir", str(tmp_path / "deltas"), "--delta-full-every", "5",
-           "--checkpoint", str(tmp_path / "end")] if optimizer == "adam" else []
+           "--checkpoint", str(tmp_path / "end")] if optimizer == "adam" else [
+               "--bad-checkpoint", _checkpoint_with_another_table_b(tmp_path)]
   commands, envs = _mwms_commands(tmp_path, optimizer, batches_path, extra)
   procs, outputs = _run_group(commands, envs, cwd=REPO)
   for p, out in zip(procs, outputs):
     assert p.returncode == 0, out[-3000:]
   _check_against_reference(str(tmp_path), optimizer, batches)
+  if optimizer == "ftrl":
+    # Under MultiWorkerMirroredStrategy too, a restore checks every table
+    # before it writes one: B is refused by name, A and C unchanged.
+    for r in range(NUM_WORKERS):
+      result = np.load(os.path.join(tmp_path, f"worker_{r}.npz"))
+      assert "table 'B'" in str(result["bad_restore_error"]), str(result["bad_restore_error"])
+      assert not bool(result["bad_restore_changed"])
   if optimizer == "adam":
     variant = ["sgd", "adagrad", "adam", "ftrl"].index(optimizer)
     _delta_chain_equals_end_checkpoint(

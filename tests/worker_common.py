@@ -30,6 +30,9 @@ def parser(description):
                  "every step")
   p.add_argument("--delta-full-every", type=int, default=5,
                  help="the delta manager's full_every_n")
+  p.add_argument("--bad-checkpoint", help="before training, restore this checkpoint "
+                 "(one of its tables has another shape): it must fail and change "
+                 "no table")
   p.add_argument("--out-of-step-at", type=int, default=-1,
                  help="before this (0-based) step, worker 1 counts one step "
                       "more, as a worker that went on after a failed step")
@@ -125,6 +128,24 @@ def delta_checkpointing(args, lookup, rank):
   return tfde.checkpoint.DeltaCheckpointManager(
       tf.train.Checkpoint(lookup=lookup), directory,
       full_every_n=args.delta_full_every, max_to_keep=1)
+
+
+def refused_restore(args, lookup):
+  """With --bad-checkpoint: restores it (under the worker's strategy) and
+  returns {"bad_restore_error": the error, "bad_restore_changed": whether
+  any table's state changed}; else {}."""
+  if not args.bad_checkpoint:
+    return {}
+  before = {n: {k: v.numpy() for k, v in t.state().items()}
+            for n, t in lookup.tables.items()}
+  error = ""
+  try:
+    tf.train.Checkpoint(lookup=lookup).read(args.bad_checkpoint)
+  except (ValueError, tf.errors.OpError) as e:
+    error = f"{type(e).__name__}: {e}"
+  changed = any(not np.array_equal(v.numpy(), before[n][k])
+                for n, t in lookup.tables.items() for k, v in t.state().items())
+  return {"bad_restore_error": np.array(error), "bad_restore_changed": np.array(changed)}
 
 
 def write_checkpoint(args, lookup, rank):
