@@ -88,6 +88,35 @@ def test_plain_variables_apply_max_norm_as_tf_nn(weighted):
                                tf.convert_to_tensor(w).numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+def test_reduced_precision_plain_variables_combine_in_float32(dtype):
+  """DeepRec's BF16 tables as plain variables: rows read in their type and
+  combined in float32, as tf.nn does on the same rows in float32; the
+  gradients come back in the variable's type (beside a float32 table of the
+  same width, fused with it)."""
+  rng = np.random.default_rng(4)
+  low = tf.Variable(tf.cast(rng.normal(size=SHAPES[0]), dtype))
+  full = tf.Variable(rng.normal(size=SHAPES[1]).astype(np.float32))
+  ids = [_sparse(rng, SHAPES[0][0]), _sparse(rng, SHAPES[1][0])]
+  as_float = tf.Variable(tf.cast(low, tf.float32))
+  with tf.GradientTape(persistent=True) as tape:
+    got = tfde.nn.group_embedding_lookup_sparse([low, full], ids, ["mean", "sum"])
+    want = [tf.nn.embedding_lookup_sparse(as_float, ids[0], None, combiner="mean"),
+            tf.nn.embedding_lookup_sparse(full, ids[1], None, combiner="sum")]
+    loss_got = tf.reduce_sum(got[0]) + tf.reduce_sum(got[1])
+    loss_want = tf.reduce_sum(want[0]) + tf.reduce_sum(want[1])
+  assert [g.dtype for g in got] == [tf.float32, tf.float32]
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6, atol=1e-6)
+  g_low, g_full = tape.gradient(loss_got, [low, full])
+  w_low, w_full = tape.gradient(loss_want, [as_float, full])
+  assert g_low.values.dtype == dtype
+  np.testing.assert_allclose(tf.cast(tf.convert_to_tensor(g_low), tf.float32).numpy(),
+                             tf.convert_to_tensor(w_low).numpy(), rtol=1e-2, atol=1e-3)
+  np.testing.assert_allclose(tf.convert_to_tensor(g_full).numpy(),
+                             tf.convert_to_tensor(w_full).numpy(), rtol=1e-6, atol=1e-6)
+
+
 def test_max_norm_refusals_name_the_feature_and_table():
   table = tf.Variable(tf.ones([5, 2]))
   ids = [tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [1, 1])]

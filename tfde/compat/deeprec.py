@@ -243,7 +243,18 @@ def _plain_group(table_vars, sp_ids, combiners, sp_weights, indices, max_norms):
     for i, w in zip(trained, inputs[len(table_vars):]):
       flat[i] = (flat[i][0], flat[i][1], w)
     unique, inverse, _ = ops.unique_with_counts(fused)
-    rows = ops.gather_from_tables(table_vars, unique, bases)
+    table_index = tf.cast(tf.searchsorted(tf.constant(bases, unique.dtype),
+                                          unique, side="right"), tf.int32) - 1
+    if all(v.dtype == tf.float32 for v in table_vars):
+      rows = ops.gather_from_tables(table_vars, unique, bases)
+    else:
+      # Reduced-precision variables (DeepRec's BF16): read each table's
+      # rows with stock ops, combined in float32 as tfde's tables are.
+      positions = [tf.where(tf.equal(table_index, t))[:, 0] for t in range(len(table_vars))]
+      rows = tf.dynamic_stitch(
+          [tf.cast(p, tf.int32) for p in positions],
+          [tf.cast(tf.gather(v, tf.gather(unique, p) - base), tf.float32)
+           for v, p, base in zip(table_vars, positions, bases)])
     raw_rows = row_max_norm = None
     if any(m is not None for m in max_norms):
       # Each unique row is of one feature's block: its feature's limit.
@@ -266,11 +277,9 @@ def _plain_group(table_vars, sp_ids, combiners, sp_weights, indices, max_norms):
                                                 tf.shape(rows)[0], c)
       if raw_rows is not None:
         per_row = ops.renormalize_rows_grad(raw_rows, per_row, row_max_norm)
-      table_index = tf.cast(tf.searchsorted(tf.constant(bases, unique.dtype),
-                                            unique, side="right"), tf.int32) - 1
       for t, (v, base) in enumerate(zip(table_vars, bases)):
         mask = tf.equal(table_index, t)
-        grads.append(tf.IndexedSlices(tf.boolean_mask(per_row, mask),
+        grads.append(tf.IndexedSlices(tf.cast(tf.boolean_mask(per_row, mask), v.dtype),
                                       tf.boolean_mask(unique, mask) - base,
                                       tf.shape(v, out_type=tf.int64)))
       for i in trained:
