@@ -54,13 +54,7 @@ def main():
   config = tfde.TableConfig(name="items", vocabulary_size=rows, embedding_dim=args.dim,
                             optimizer=tfde.optimizers.Adagrad(learning_rate=0.1))
   lookup = tfde.lookup.ShardedLookup({"item": tfde.FeatureConfig(name="item", table=config)})
-
-  @tf.function(reduce_retracing=True)
-  def step(ids):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(tf.square(lookup({"item": ids})["item"]))
-    tape.gradient(loss, lookup.trainable_variables)
-
+  step = training_step(lookup, "item")
   directory = tempfile.mkdtemp(prefix="tfde_delta_bench_")
   manager = tfde.checkpoint.DeltaCheckpointManager(
       tf.train.Checkpoint(lookup=lookup), directory, full_every_n=100, max_to_keep=1)
@@ -110,6 +104,18 @@ def main():
   dynamic_part(200_000 if args.quick else args.dynamic_rows, args.dim, args.batch)
 
 
+def training_step(lookup, feature):
+  """One update of the rows `ids` [k, 1] of `feature` look up (a squared loss)."""
+
+  @tf.function(reduce_retracing=True)
+  def step(ids):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(tf.square(lookup({feature: ids})[feature]))
+    tape.gradient(loss, lookup.trainable_variables)
+
+  return step
+
+
 def dynamic_part(live, dim, batch):
   """A dynamic table of `live` rows: delta saves after touching 0.1% and
   1% of them, against full saves."""
@@ -122,13 +128,7 @@ def dynamic_part(live, dim, batch):
   table.assign_rows(ids, rng.normal(size=(live, dim)).astype(np.float32),
                     counts=np.ones(live, np.int64), last_seen=np.ones(live, np.int64),
                     step=1)
-
-  @tf.function(reduce_retracing=True)
-  def step(batch_ids):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(tf.square(lookup({"user": batch_ids})["user"]))
-    tape.gradient(loss, lookup.trainable_variables)
-
+  step = training_step(lookup, "user")
   directory = tempfile.mkdtemp(prefix="tfde_delta_bench_dynamic_")
   checkpoint = tf.train.Checkpoint(lookup=lookup)
   manager = tfde.checkpoint.DeltaCheckpointManager(checkpoint, directory,
