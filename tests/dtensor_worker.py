@@ -184,6 +184,24 @@ def checkpoint_case(directory):
     errors[f"{name}/step"] = table.step_value()
   errors["nonfinite_error"] = nonfinite_error
   errors["nonfinite_unchanged"] = unchanged
+  # A checkpoint whose table B has another shape restores no table of the
+  # mesh's layer (every table is checked before any is written).
+  bad_configs = h.feature_configs(kind)
+  for feature in bad_configs.values():
+    if feature.table.name == "B":
+      feature.table.vocabulary_size = 60
+  with strategy.scope():
+    bad_layer = tfde.layers.DistributedEmbedding(bad_configs)
+  bad_path = tf.train.Checkpoint(**bad_layer.tables).write(f"{directory}/bad")
+  before = {n: {k: v.numpy() for k, v in t.state().items()} for n, t in other.tables.items()}
+  try:
+    tf.train.Checkpoint(**other.tables).read(bad_path)
+    errors["bad_restore_error"] = None
+  except ValueError as e:
+    errors["bad_restore_error"] = str(e)
+  errors["bad_restore_unchanged"] = all(
+      np.array_equal(v.numpy(), before[n][k])
+      for n, t in other.tables.items() for k, v in t.state().items())
   return errors
 
 

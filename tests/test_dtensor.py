@@ -86,6 +86,10 @@ def test_checkpoints_to_and_from_the_keras_layer_under_mirrored_strategy(
     assert errors[f"{name}/to_mirrored"] == 0.0
     assert errors[f"{name}/back"] == 0.0
     assert errors[f"{name}/step"] == 2 + 5
+  # A checkpoint with a table of another shape: refused by name, and no
+  # table of the mesh's layer changed.
+  assert "table 'B'" in errors["bad_restore_error"], errors["bad_restore_error"]
+  assert errors["bad_restore_unchanged"]
 
 
 @needs_tf_keras
