@@ -117,6 +117,14 @@ def _dedup(step):
       num_rows=tf.size(unique), deduped=True)
 
 
+def _tensors_of(grads):
+  """The tensors of a gradient (a tensor or a `BagGradients`)."""
+  if isinstance(grads, ops.BagGradients):
+    return [getattr(grads, f.name) for f in dataclasses.fields(grads)
+            if isinstance(getattr(grads, f.name), tf.Tensor)]
+  return [grads]
+
+
 def _after_checks(grads):
   """`grads` (a tensor or a `BagGradients`) through identities: made under
   the non-finite checks' control dependencies, every update reading them
@@ -532,11 +540,18 @@ class ShardedLookup(tf.Module):
     return group.owned_gradients(self.comm, answer_grad, step.routed)
 
   def _rows_backward(self, steps, grads, trigger_value, variables):
-    owned = [self._owned_gradients(step, g) for step, g in zip(steps, grads)]
+    owned, previous = [], []
+    for step, g in zip(steps, grads):
+      # One group's exchanges at a time, in the same order on every
+      # replica: exchanges left free to run together would each hold an
+      # executor thread while they wait for their peers.
+      with tf.control_dependencies(previous):
+        rows, summed = self._owned_gradients(step, g)
+      owned.append((rows, summed))
+      previous = [rows] + _tensors_of(summed)
     if self.train_in_backward:
-      finite = {}
-      for step, g in zip(steps, grads):
-        finite.update(self._finite_by_table(step, g))
+      with tf.control_dependencies(previous):
+        finite = self._finite_by_table(steps, grads)
       # A table that refuses a non-finite step refuses it for the whole
       # step: every table's check runs before any table of any group is
       # updated (each table's own guard alone would let the others train).
@@ -559,18 +574,21 @@ class ShardedLookup(tf.Module):
       slices.update(step.group.gradient_slices(step.replica, rows, summed))
     return tf.zeros_like(trigger_value), [slices.get(id(v)) for v in variables]
 
-  def _finite_by_table(self, step, output_grads):
+  def _finite_by_table(self, steps, output_grads):
     """table name -> whether every replica's gradients for the table's rows
-    are finite this step (its features' output gradients and weights). One
-    flag for all replicas, so a table is updated everywhere or nowhere."""
-    names = [t.name for t in step.group.tables]
-    flags = []
-    for name in names:
-      parts = [tf.reduce_all(tf.math.is_finite(g)) for f, g in
-               zip(step.features, output_grads) if f.table.name == name]
-      parts += [tf.reduce_all(tf.math.is_finite(f.weights)) for f in step.features
-                if f.table.name == name and f.weights is not None]
-      flags.append(tf.reduce_all(tf.stack(parts)) if parts else tf.constant(True))
+    are finite this step (its features' output gradients and weights), for
+    the tables of every group in one exchange. One flag for all replicas,
+    so a table is updated everywhere or nowhere."""
+    names, flags = [], []
+    for step, grads in zip(steps, output_grads):
+      for table in step.group.tables:
+        name = table.name
+        parts = [tf.reduce_all(tf.math.is_finite(g)) for f, g in
+                 zip(step.features, grads) if f.table.name == name]
+        parts += [tf.reduce_all(tf.math.is_finite(f.weights)) for f in step.features
+                  if f.table.name == name and f.weights is not None]
+        names.append(name)
+        flags.append(tf.reduce_all(tf.stack(parts)) if parts else tf.constant(True))
     every = self.comm.gather_flags(tf.cast(tf.stack(flags), tf.int32))
     finite = tf.equal(tf.reduce_min(every, axis=0), 1)
     return {name: finite[i] for i, name in enumerate(names)}
