@@ -68,7 +68,7 @@ def _isolated_tests_package(tmp_path):
   """The harness modules alone on PYTHONPATH, so `import tfde` resolves to
   the environment's installed tfde, not this source tree."""
   package = tmp_path / "pkg" / "tests"
-  package.mkdir(parents=True)
+  package.mkdir(parents=True, exist_ok=True)
   for name in ("__init__.py", "oracles.py", "sharded_harness.py",
                "multiprocess_worker.py", "dynamic_harness.py", "dynamic_worker.py",
                "sok_worker.py", "mxrec_worker.py", "worker_common.py",

@@ -193,6 +193,12 @@ def test_killed_peer_fails_every_survivor_and_a_restart_resumes(tmp_path):
   for p, out in zip(procs, outputs):
     assert p.returncode == 0, out[-3000:]
     assert "resumed from" in out, out[-3000:]
+  _check_resumed(tmp_path, batches)
+
+
+def _check_resumed(tmp_path, batches):
+  """The 2 workers' final shards (after a restart) equal the numpy
+  reference of the uninterrupted run."""
   configs = h.feature_configs("adam", 2)
   results = [np.load(os.path.join(tmp_path, f"peer_{r}.npz")) for r in range(2)]
   final = {n: tfde.sharding.unshard_table([r[f"final/{n}"] for r in results],
@@ -229,7 +235,7 @@ def test_failed_peer_ends_a_multi_worker_mirrored_job(tmp_path, workers, signal_
   _check_survivors(survivors, outputs, seconds, signal_name)
 
 
-def _horovod_launch(tmp_path, ranks, path):
+def _horovod_launch(tmp_path, ranks, path, extra=("--pace", "0.3")):
   ready, why = mp._horovod_env_ready()  # pylint: disable=protected-access
   if not ready:
     if os.environ.get("TFDE_REQUIRE_HOROVOD") == "1":
@@ -245,7 +251,7 @@ def _horovod_launch(tmp_path, ranks, path):
   command = [os.path.join(mp.HVD_VENV, "bin", "horovodrun"), "-np", str(ranks),
              "--gloo", "-H", f"localhost:{ranks}",
              os.path.join(mp.HVD_VENV, "bin", "python"), "-m", "tests.peer_worker",
-             "--mode", "horovod", "--batches", path, "--pace", "0.3", "--out", str(tmp_path)]
+             "--mode", "horovod", "--batches", path, "--out", str(tmp_path)] + list(extra)
   return _launch([command], [env], str(tmp_path))
 
 
@@ -257,7 +263,16 @@ def test_failed_peer_ends_a_horovod_job(tmp_path, ranks, signal_name):
   each, run where TFDE_PEER_TESTS=1 (`make test`, `make reliability`)."""
   if os.environ.get("TFDE_PEER_TESTS") != "1":
     pytest.skip("make test and make reliability run it (TFDE_PEER_TESTS=1)")
-  path, _ = _peer_batches(tmp_path, ranks)
-  procs = _horovod_launch(tmp_path, ranks, path)
+  path, batches = _peer_batches(tmp_path, ranks)
+  # The 2-rank kill also checkpoints every step, and restarts from it.
+  resumes = (ranks, signal_name) == (2, "SIGKILL")
+  checkpoints = ["--checkpoint-dir", str(tmp_path / "ckpt")] if resumes else []
+  procs = _horovod_launch(tmp_path, ranks, path, ["--pace", "0.3"] + checkpoints)
   seconds, outputs = _fail_a_peer(str(tmp_path), ranks, procs, signal_name, victim=1)
   _check_survivors(procs, outputs, seconds, signal_name)
+  if resumes:
+    procs = _horovod_launch(tmp_path, ranks, path, checkpoints + ["--resume"])
+    out = procs[0].communicate(timeout=mp.TIMEOUT_S)[0]
+    assert procs[0].returncode == 0, out[-3000:]
+    assert out.count("resumed from") == 2, out[-3000:]
+    _check_resumed(tmp_path, batches)
