@@ -131,7 +131,7 @@ def profile(work, args):
   group = lookup._groups[0]  # pylint: disable=protected-access
   flat = lookup.flatten(inputs)
   fused = group.fused_ids(flat)
-  splits, weights, combiner = tfde.lookup.as_one_batch(flat, ["sum"] * len(flat))
+  splits, weights, combiner = tfde.group_step.as_one_batch(flat, ["sum"] * len(flat))
   grad = tf.ones([int(splits.shape[0]) - 1, work.dim])
 
   @tf.function

@@ -40,6 +40,7 @@ from tensorflow.python.eager import tape as tape_lib
 from tensorflow.python.framework import func_graph
 
 from tfde import comm as comm_lib
+from tfde import group_step
 from tfde import groups as groups_lib
 from tfde import inputs as inputs_lib
 from tfde import ops
@@ -50,11 +51,6 @@ from tfde.tables import tpu as tpu_tables
 from tfde import tpu as tpu_lib
 
 
-def _renormalizes(features):
-  """Whether any of `features`' tables renormalises rows (max_norm)."""
-  return any(f.table.config.max_norm is not None for f in features)
-
-
 def wants_gradient(tensor):
   """Whether a gradient of `tensor` may be asked for: a tape watches it
   (eagerly, or while tracing a tf.function), or a TF1 graph, where
@@ -63,99 +59,6 @@ def wants_gradient(tensor):
       tf.compat.v1.get_default_graph(), func_graph.FuncGraph):
     return True
   return record.should_record_backprop([tf.convert_to_tensor(tensor)])
-
-
-@dataclasses.dataclass
-class GroupStep:
-  """What one group's forward learned, carried to its backward.
-
-  Attributes:
-    group: the `tfde.groups.TableGroup` looked up.
-    features: its features' `FlatFeature`s, in output order.
-    combiners: each feature's combiner.
-    replica: this replica.
-    routed: stage 1's result (`tfde.routing.Routed`): what this replica
-      serves, where its ids' rows arrive, the exchange plan.
-    batch: the features as one ragged batch (`as_one_batch`).
-    num_rows: rows the outputs read, one per unique id (one per id where
-      the forward skipped the dedup).
-    fused: the stages around the local compute were fused (one shard).
-    rows: (unfused) the rows answered, one per unique id, as combined
-      (after max-norm renormalisation).
-    raw_rows: (unfused, max-norm tables) those rows as stored.
-    row_max_norm: (max-norm tables) each answered row's table's max_norm
-      (inf for tables without one).
-    outputs: the features' combined outputs, float32.
-    deduped: `routed` holds unique requests. False only for a fused step
-      at one owner, whose forward needs no dedup; the backward dedups it
-      (`_dedup`) before it reads `routed`.
-  """
-  group: object
-  features: list
-  combiners: list
-  replica: int
-  routed: routing.Routed
-  batch: tuple
-  num_rows: tf.Tensor
-  fused: bool
-  rows: object = None
-  raw_rows: object = None
-  row_max_norm: object = None
-  outputs: object = None
-  deduped: bool = True
-
-
-def _dedup(step):
-  """`step` with its requests unique (the backward's form), where the
-  forward skipped the dedup (`deduped=False`: one owner, fused, so
-  `routed.requested` is every id's row and `answer_index` the identity)."""
-  if step.deduped:
-    return step
-  unique, inverse, _ = ops.unique_with_counts(step.routed.requested)
-  return dataclasses.replace(
-      step, routed=routing.Routed(unique, None, inverse, None),
-      num_rows=tf.size(unique), deduped=True)
-
-
-def _tensors_of(grads):
-  """The tensors of a gradient (a tensor or a `BagGradients`)."""
-  if isinstance(grads, ops.BagGradients):
-    return [getattr(grads, f.name) for f in dataclasses.fields(grads)
-            if isinstance(getattr(grads, f.name), tf.Tensor)]
-  return [grads]
-
-
-def _after_checks(grads):
-  """`grads` (a tensor or a `BagGradients`) through identities: made under
-  the non-finite checks' control dependencies, every update reading them
-  waits for every check."""
-  if isinstance(grads, ops.BagGradients):
-    return dataclasses.replace(grads, **{
-        f.name: tf.identity(getattr(grads, f.name)) for f in dataclasses.fields(grads)
-        if isinstance(getattr(grads, f.name), tf.Tensor)})
-  return tf.identity(grads)
-
-
-def as_one_batch(features, combiners):
-  """The features as one ragged batch: (row_splits, weights, combiner).
-
-  Several features fold each one's combiner into per-id coefficients (the
-  weights of a "sum") and concatenate their samples, so one combine or
-  gradient op serves them all."""
-  if len(features) == 1:
-    return features[0].row_splits, features[0].weights, combiners[0]
-  needs_weights = any(f.weights is not None or c != "sum"
-                      for f, c in zip(features, combiners))
-  coefficients, splits, offset = [], [tf.zeros([1], tf.int64)], tf.constant(0, tf.int64)
-  for f, combiner in zip(features, combiners):
-    if needs_weights:
-      _, coef = ops.combine_coefficients(f.row_splits, f.weights,
-                                         tf.size(f.ids), combiner)
-      coefficients.append(coef)
-    splits.append(f.row_splits[1:] + offset)
-    offset += f.row_splits[-1]
-  return (tf.concat(splits, 0), tf.concat(coefficients, 0) if needs_weights else None,
-          "sum")
 
 
 def cached_lookup(tables, key, make):
@@ -415,17 +318,17 @@ class ShardedLookup(tf.Module):
     what it must serve (local rows, or ids with their sighting counts)."""
     comm = self.comm
     if (group.num_shards == 1 and group.fuses_local and
-        not _renormalizes(features)):
+        not group_step.renormalizes(features)):
       # One owner and a fused combine: the forward reads each id's row
       # where it lies, so nothing needs the dedup (about half of the
-      # forward's time at one replica). The backward dedups (`_dedup`),
+      # forward's time at one replica). The backward dedups (`group_step.deduped`),
       # only when a gradient is taken: the updates need unique rows.
-      return GroupStep(
+      return group_step.GroupStep(
           group=group, features=features, combiners=combiners,
           replica=comm.replica_id(),
           routed=routing.Routed(fused_ids, None,
                                 tf.range(tf.size(fused_ids, out_type=tf.int32)), None),
-          batch=as_one_batch(features, combiners), num_rows=tf.size(fused_ids),
+          batch=group_step.as_one_batch(features, combiners), num_rows=tf.size(fused_ids),
           fused=True, deduped=False)
     unique, inverse, counts = ops.unique_with_counts(fused_ids)
     routed = routing.route_to_owners(
@@ -434,10 +337,10 @@ class ShardedLookup(tf.Module):
         dynamic=group.routes_ids,
         stamp=group.step(comm.replica_id()) if group.num_shards > 1 else None,
         owner=group.owner)
-    return GroupStep(
+    return group_step.GroupStep(
         group=group, features=features, combiners=combiners,
         replica=comm.replica_id(), routed=routed,
-        batch=as_one_batch(features, combiners), num_rows=tf.size(unique),
+        batch=group_step.as_one_batch(features, combiners), num_rows=tf.size(unique),
         # When this replica owns every row it reads, the stages around the
         # local compute fuse, as TorchRec's batched tables do: outputs
         # combine each id's row straight from its table, and the optimizer
@@ -445,7 +348,7 @@ class ShardedLookup(tf.Module):
         # it. Neither the gathered rows nor a [rows, dim] gradient is
         # written.
         fused=(routed.plan is None and group.fuses_local and
-               not _renormalizes(features)))
+               not group_step.renormalizes(features)))
 
   def _compute_and_output_dist(self, step, training):
     """Stages 2 and 3: the owners read their rows, send them back, and each
@@ -468,7 +371,7 @@ class ShardedLookup(tf.Module):
       return outputs
     rows = group.lookup_local(step.replica, routed.requested, routed.counts, training)
     answered = routing.answer_requesters(self.comm, rows, routed)
-    if _renormalizes(features):
+    if group_step.renormalizes(features):
       # On the requester, which keeps the rows as stored for the backward.
       per_id = tf.concat([
           tf.fill([tf.size(f.ids)], f.table.config.max_norm or float("inf"))
@@ -509,7 +412,7 @@ class ShardedLookup(tf.Module):
     """Gradients of the rows read, to their owners, summed per row; then
     one optimizer step per table (or IndexedSlices, SOK style). One entry
     per group in `steps`, `output_grads` and `trained_weights`."""
-    steps = [_dedup(step) for step in steps]
+    steps = [group_step.deduped(step) for step in steps]
     grads = [[tf.zeros(tf.stack([tf.size(f.row_splits) - 1, step.group.width]), tf.float32)
               if g is None else g for f, g in zip(step.features, step_grads)]
              for step, step_grads in zip(steps, output_grads)]
@@ -548,7 +451,7 @@ class ShardedLookup(tf.Module):
       with tf.control_dependencies(previous):
         rows, summed = self._owned_gradients(step, g)
       owned.append((rows, summed))
-      previous = [rows] + _tensors_of(summed)
+      previous = [rows] + group_step.tensors_of(summed)
     if self.train_in_backward:
       with tf.control_dependencies(previous):
         finite = self._finite_by_table(steps, grads)
@@ -564,7 +467,8 @@ class ShardedLookup(tf.Module):
         finite = {name: tf.identity(flag) for name, flag in finite.items()}
         for step, (rows, summed) in zip(steps, owned):
           applied += step.group.apply_gradient(
-              step.replica, tf.identity(rows), _after_checks(summed), finite)
+              step.replica, tf.identity(rows), group_step.map_tensors(tf.identity, summed),
+              finite)
       # Zero, but computed from the updates' results, so whatever consumes
       # the trigger's gradient runs them.
       done = tf.add_n([tf.cast(u, trigger_value.dtype) for u in applied])
