@@ -13,7 +13,7 @@ the full save is repeated at the end.
 
 Then the same for a dynamic table (`--dynamic-rows` live rows, default
 2,000,000; Adagrad): its delta exports only the rows last seen since the
-previous save (`TfdeDynamicTableExportSeenAfter`), so its time follows the
+previous save (`TfdeDynamicTableExport` with `seen_after`), so its time follows the
 rows touched, not the live rows.
 
 Writes bench/results/delta_bench.png and prints markdown tables.

@@ -280,15 +280,16 @@ class DynamicEmbeddingTable : public ResourceBase {
 
   // Live rows sorted by id: a deterministic order for export and eviction.
   // (id, row) of the live rows last seen after `seen_after` (all of them
-  // by default), sorted by id. The filter comes before the sort, so a
-  // delta of few changed rows sorts only those.
+  // for the lowest int64, the default), sorted by id. The filter comes
+  // before the sort, so a delta of few changed rows sorts only those.
   std::vector<std::pair<int64_t, int64_t>> SortedRows(
       int64_t seen_after = std::numeric_limits<int64_t>::min()) {
+    const bool all = seen_after == std::numeric_limits<int64_t>::min();
     std::vector<std::pair<int64_t, int64_t>> rows;
-    if (seen_after == std::numeric_limits<int64_t>::min()) rows.reserve(index_.size());
+    if (all) rows.reserve(index_.size());
     for (int64_t r = 0; r < store_.allocated(); ++r) {
       // A freed row's id is no longer indexed to it.
-      if (store_.LastSeen(r) > seen_after && index_.Find(store_.Key(r)) == r) {
+      if ((all || store_.LastSeen(r) > seen_after) && index_.Find(store_.Key(r)) == r) {
         rows.emplace_back(store_.Key(r), r);
       }
     }
@@ -346,6 +347,16 @@ class DynamicEmbeddingTable : public ResourceBase {
   RowStore store_;
   std::unordered_map<int64_t, Pending> pending_;
 };
+
+// The table behind input `input`, a DynamicEmbeddingTable resource handle.
+inline Status LookupTable(OpKernelContext* ctx, int input,
+                          tensorflow::core::RefCountPtr<DynamicEmbeddingTable>* out) {
+  DynamicEmbeddingTable* table = nullptr;
+  TF_RETURN_IF_ERROR(
+      LookupResource(ctx, tensorflow::HandleFromInput(ctx, input), &table));
+  out->reset(table);
+  return absl::OkStatus();
+}
 
 }  // namespace tfde
 

@@ -238,7 +238,10 @@ class DynamicStoreTwin:
       seen_after = _int64(seen_after, "seen_after")
       checks = check_rank(seen_after, 0, "seen_after")
       with tf.control_dependencies(checks):
-        order = tf.boolean_mask(order, tf.gather(self._last, order) > seen_after)
+        # As the kernel: the lowest int64 keeps every row.
+        keep = tf.logical_or(tf.gather(self._last, order) > seen_after,
+                             tf.equal(seen_after, tf.int64.min))
+        order = tf.boolean_mask(order, keep)
     pending_ids, pending_counts = [tf.reshape(x, [-1]) for x in
                                    self._pending_count.export()]
     pending_order = tf.argsort(pending_ids, stable=True)

@@ -165,7 +165,8 @@ def _destroy_resource(handle, device):
 
 class NativeDynamicStore:
   """A dynamic table shard in the kernel's hash-table resource
-  (kernels/dynamic_table.h and dynamic_table_ops.cc); the interface of
+  (kernels/dynamic_table.h; its ops in dynamic_table_ops.cc and
+  dynamic_table_state_ops.cc); the interface of
   `tfde.ops.dynamic_store_twin.DynamicStoreTwin`."""
 
   _count = 0
@@ -204,10 +205,9 @@ class NativeDynamicStore:
               *[_scalar(s) for s in scalars], by_address=by_address)
 
   def export(self, seen_after=None):
-    if seen_after is None:
-      return load().tfde_dynamic_table_export(self._handle)
-    return load().tfde_dynamic_table_export_seen_after(self._handle,
-                                                       _int64(seen_after, "seen_after"))
+    # The lowest int64 asks for every row (the twin: no filter).
+    seen_after = tf.int64.min if seen_after is None else seen_after
+    return load().tfde_dynamic_table_export(self._handle, _int64(seen_after, "seen_after"))
 
   def import_(self, ids, values, counts, last_seen, pending_ids, pending_counts,
               pending_last_seen):
