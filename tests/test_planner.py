@@ -2,8 +2,10 @@
 its serialization, its report and the `tfde plan` command."""
 
 import json
+import sys
 
 import numpy as np
+
 import pytest
 import yaml
 import tensorflow as tf
@@ -160,6 +162,19 @@ def test_plan_command_writes_text_json_and_plot(tmp_path, capsys):
   assert sorted(plan.tables) == sorted(["site", "app", "device", "user", "ad",
                                         "history", "category", "hour"])
   assert plan.tables["history"].estimate["ids_per_sample"] > 2
+
+
+def test_plan_command_without_matplotlib_writes_its_numbers(tmp_path, capsys, monkeypatch):
+  from tfde.app import cli
+  # None in sys.modules makes `import matplotlib` raise ImportError.
+  monkeypatch.setitem(sys.modules, "matplotlib", None)
+  monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+  out = tmp_path / "plan"
+  assert cli.main(["plan", "--config", "configs/demo.yaml", "--replicas", "2",
+                   "--report-dir", str(out)]) == 0
+  assert "tfde plan: matplotlib is not installed; no plots" in capsys.readouterr().out
+  assert sorted(p.name for p in out.iterdir()) == ["plan.json", "plan.txt"]
+  assert planner.ShardingPlan.from_json((out / "plan.json").read_text()).num_replicas == 2
 
 
 @pytest.mark.parametrize("args,message", [

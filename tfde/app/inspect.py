@@ -28,6 +28,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from tfde.app import plotting
+
 # Slots -> the sparse optimizer that keeps them (tfde.optimizers).
 OPTIMIZER_BY_SLOTS = {(): "sgd", ("accumulator",): "adagrad", ("m", "v"): "adam",
                       ("accumulator", "linear"): "ftrl"}
@@ -261,9 +263,9 @@ def _short(value):
 def write_plots(summaries, directory):
   """Row-norm histograms of every table and the sighting counts of the
   tables that keep them (rank vs count, log-log); returns the files."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = plotting.pyplot("tfde inspect")
+  if plt is None:
+    return []
   os.makedirs(directory, exist_ok=True)
   written = []
   fig, axes = plt.subplots(len(summaries), 1, figsize=(7, 2.6 * len(summaries)),
@@ -309,5 +311,6 @@ def inspect_command(args):
     print("\n".join(describe(s, args.hot)))
   if args.plot:
     files = write_plots(summaries, args.plot)
-    print(f"plots: {', '.join(files)}")
+    if files:
+      print(f"plots: {', '.join(files)}")
   return 0

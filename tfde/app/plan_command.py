@@ -16,6 +16,7 @@ plan.json (the plan, `ShardingPlan.from_json` reads it back) and plan.png
 
 import os
 
+from tfde.app import plotting
 from tfde.app.config import ConfigError
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -97,12 +98,8 @@ def run_plan(config, replicas=None, memory_per_replica_bytes=None, report_dir=No
 
 def plot_plan(plan, report_dir):
   """plan.png: bytes held and exchanged per replica, tables per kind."""
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    print("tfde plan: matplotlib is not installed; no plot")
+  plt = plotting.pyplot("tfde plan")
+  if plt is None:
     return []
   p = plan.per_replica
   replicas = range(plan.num_replicas)

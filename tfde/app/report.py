@@ -5,6 +5,8 @@ and the report (metrics.json, summary.md, plots)."""
 import json
 import os
 
+from tfde.app import plotting
+
 
 def exchange_statistics(dataset, tables, batch_size, replicas):
   """Per table, per step of one epoch over `dataset`: the rows the step
@@ -212,12 +214,8 @@ def write_report(report_dir, config, metrics):
 
 
 def _plots(report_dir, metrics):
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    print("tfde train: matplotlib is not installed; no plots")
+  plt = plotting.pyplot("tfde train")
+  if plt is None:
     return []
   from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
   h = metrics["history"]
