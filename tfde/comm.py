@@ -102,8 +102,8 @@ class Communicator(abc.ABC):
 
   def __init__(self, num_replicas):
     self.num_replicas = num_replicas
-    self._bytes_sent = local_variable(tf.constant(0, tf.int64),
-                                       "tfde_bytes_sent")
+    self._bytes_sent = None
+    self._bytes_counter()
 
   @abc.abstractmethod
   def local_replicas(self):
@@ -208,16 +208,34 @@ class Communicator(abc.ABC):
     return results
 
   def bytes_sent(self):
-    """Bytes this process has sent to other replicas so far."""
-    return int(self._bytes_sent.numpy())
+    """Bytes this process has sent to other replicas so far (counted in
+    TF2, eagerly or in tf.functions)."""
+    counter = self._bytes_counter()
+    return 0 if counter is None else int(counter.numpy())
 
   def reset_bytes_sent(self):
-    self._bytes_sent.assign(0)
+    counter = self._bytes_counter()
+    if counter is not None:
+      counter.assign(0)
+
+  def _bytes_counter(self):
+    """The process's bytes-sent variable, made at its first TF2 use. A TF1
+    graph (an estimator's) gets none: the communicator outlives the graph,
+    and a variable in it would join that graph's checkpoints, so that they
+    would differ by what the process did before."""
+    if not tf.compat.v1.executing_eagerly_outside_functions():
+      return None
+    if self._bytes_sent is None:
+      self._bytes_sent = local_variable(tf.constant(0, tf.int64), "tfde_bytes_sent")
+    return self._bytes_sent
 
   def _count_bytes(self, data, send_counts, own_replica):
+    counter = self._bytes_counter()
+    if counter is None:
+      return tf.no_op()
     remote_rows = (tf.reduce_sum(tf.cast(send_counts, tf.int64)) -
                    tf.cast(send_counts[own_replica], tf.int64))
-    return self._bytes_sent.assign_add(remote_rows * _row_bytes(data))
+    return counter.assign_add(remote_rows * _row_bytes(data))
 
 
 class LocalCommunicator(Communicator):
