@@ -34,15 +34,18 @@ def batch(step):
               target=rng.normal(size=(BATCH, DIM)).astype(np.float32))
 
 
-def input_fn(first_step, steps):
-  """Batches first_step .. first_step + steps - 1, in order."""
-  batches = [batch(s) for s in range(first_step, first_step + steps)]
+def input_fn(first_step, steps, rank=0, ranks=1):
+  """Batches first_step .. first_step + steps - 1, in order; of each, rank
+  `rank`'s share of `ranks` (samples rank * B / ranks onwards)."""
+  per = BATCH // ranks
+  batches = [{k: v[rank * per:(rank + 1) * per] for k, v in batch(s).items()}
+             for s in range(first_step, first_step + steps)]
   def make():
     stacked = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
     ds = tf.data.Dataset.from_tensor_slices(
         ({"user": stacked["user"], "item": stacked["item"]},
          {"y": stacked["y"], "target": stacked["target"]}))
-    return ds.batch(BATCH, drop_remainder=True)
+    return ds.batch(per, drop_remainder=True)
   return make
 
 
@@ -60,8 +63,10 @@ def table_configs():
 def model_fn(features, labels, mode, params=None):
   """Looks features up through tfde; train_op from a tf.compat.v1 optimizer's
   minimize(loss, global_step). PREDICT (serving) reads the static table
-  only, on the pure-TF twins, so the export needs no tfde."""
-  del params
+  only, on the pure-TF twins, so the export needs no tfde. With
+  params={"horovod": True} each Horovod rank trains on its share of the
+  global batch (`loss_and_train_op`)."""
+  horovod = bool((params or {}).get("horovod"))
   user, _ = table_configs()
   _, w0 = initial_values()
   w = tf.compat.v1.get_variable("w", initializer=tf.constant(w0))
@@ -76,16 +81,21 @@ def model_fn(features, labels, mode, params=None):
         export_outputs={"serving_default": tf.estimator.export.PredictOutput(
             {"score": score})})
   training = mode == tf.estimator.ModeKeys.TRAIN
-  loss, train_op = loss_and_train_op(features, labels, w, training)
+  loss, train_op = loss_and_train_op(features, labels, w, training, horovod)
   if not training:
     return tf.estimator.EstimatorSpec(mode, loss=loss)
   return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
-def loss_and_train_op(features, labels, w=None, training=True):
+def loss_and_train_op(features, labels, w=None, training=True, horovod=False):
   """The training graph (a TF1 graph; no estimator needed): the loss, and
   a tf.compat.v1 Adagrad's minimize(loss, global_step) (None when not
-  training)."""
+  training).
+
+  The loss sums over the samples here and divides by the global batch
+  (BATCH), so with `horovod` each rank's loss is its share of the global
+  one: the tables sum the ranks' gradients at their owners, and
+  `hvd.DistributedOptimizer(op=hvd.Sum)` sums the dense ones."""
   user, item = table_configs()
   if w is None:
     w = tf.compat.v1.get_variable("w", initializer=tf.constant(initial_values()[1]))
@@ -94,12 +104,15 @@ def loss_and_train_op(features, labels, w=None, training=True):
                                      auto_replicate_bytes=0)
   out = lookup(features, training=training)
   score = tf.linalg.matvec(out["user"], w)
-  loss = (tf.reduce_mean(tf.square(score - labels["y"])) +
-          tf.reduce_sum(tf.square(out["item"] - labels["target"])) / BATCH)
+  loss = (tf.reduce_sum(tf.square(score - labels["y"])) +
+          tf.reduce_sum(tf.square(out["item"] - labels["target"]))) / BATCH
   if not training:
     return loss, None
   optimizer = tf.compat.v1.train.AdagradOptimizer(
       DENSE_LR, initial_accumulator_value=DENSE_ACC)
+  if horovod:
+    import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
+    optimizer = hvd.DistributedOptimizer(optimizer, op=hvd.Sum)
   return loss, optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
 
 

@@ -311,7 +311,8 @@ class ShardedLookup(tf.Module):
 
       return outputs, grad_fn
 
-    return lookup(trigger, *[p[1][i].weights for p in prepared for i in p[4]])
+    with tables_lib.graph_saving.custom_gradients_see_rank_local_variables():
+      return lookup(trigger, *[p[1][i].weights for p in prepared for i in p[4]])
 
   def _input_dist(self, group, features, combiners, fused_ids):
     """Stage 1: dedup, group the unique ids by owner, and send each owner

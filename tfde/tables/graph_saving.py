@@ -25,16 +25,23 @@ saves them too; their names hold the replica count
 count only. `saver()` leaves them out: its checkpoints hold whole tables
 only and restore onto any replica count (pass it as the `Scaffold`'s
 saver; a table's non-finite skip counts and a dynamic table's record of
-evictions for `changes_since` deltas then restart empty). Saving is a
-collective when shards live in other processes
-(Horovod): every rank must save.
+evictions for `changes_since` deltas then restart empty).
+
+Under Horovod (shards in other processes) saving is a collective: every
+rank must save. The per-rank variables are then rank-local
+(`_keep_rank_local`): out of GLOBAL_VARIABLES, so Horovod's broadcast of
+the global variables leaves them alone, and initialized by
+`local_variables_initializer()`; the default Saver holds whole tables only.
 """
+
+import contextlib
 
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
 PREFIX = "tfde_tables/"
 COLLECTION = "tfde_table_variables"
+RANK_LOCAL = "tfde_rank_local_variables"
 
 
 class WholeTableSaveable(saveable_object.SaveableObject):
@@ -103,7 +110,59 @@ def register(table):
                           WholeTableSaveable(table))
   for variable in table.variables:
     graph.add_to_collection(COLLECTION, variable)
+  if len(table.comm.local_replicas()) < table.comm.num_replicas:
+    _keep_rank_local(graph, table)
   return table
+
+
+def _keep_rank_local(graph, table):
+  """When other processes hold some of the shards (Horovod ranks), the
+  table's per-rank variables and saveables are rank-local state, which
+  Horovod keeps out of GLOBAL_VARIABLES (as its own local gradient
+  counters): `hvd.broadcast_global_variables` and
+  `BroadcastGlobalVariablesHook` then leave them alone (their names differ
+  per rank, and rank 0's rows are not rank 1's), and the default Saver
+  holds whole tables only, so its checkpoints restore onto any rank count.
+
+  One local variable per table (`tfde_table_ready/<table>`) initializes
+  them where they are not yet: `local_variables_initializer()`, which
+  estimators and `MonitoredTrainingSession` run after a restore (a
+  restored table is kept) and a plain session runs beside
+  `global_variables_initializer()`."""
+  for variable in table.variables:
+    graph.add_to_collection(RANK_LOCAL, variable)
+  mine = {id(v) for v in table.variables}
+  rank_local = mine | {id(x) for x in graph.get_collection(COLLECTION)}
+  for key in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
+              tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS):
+    kept = graph.get_collection_ref(key)
+    kept[:] = [x for x in kept if id(x) not in rank_local]
+  initialize = tf.group([_initialize_if_needed(v) for v in table.variables])
+  with tf.control_dependencies([initialize]):
+    ready = tf.constant(1, tf.int64)
+  tf.compat.v1.Variable(ready, name=f"tfde_table_ready/{table.name}", trainable=False,
+                        use_resource=True,
+                        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+
+
+@contextlib.contextmanager
+def custom_gradients_see_rank_local_variables():
+  """In a TF1 graph, `tf.custom_gradient` finds the variables its function
+  reads by name in GLOBAL_VARIABLES, and refuses a function reading others:
+  the rank-local variables (`_keep_rank_local`) join that collection while
+  a lookup builds its gradient, and leave it again. Elsewhere a no-op."""
+  if not in_tf1_graph():
+    yield
+    return
+  graph = tf.compat.v1.get_default_graph()
+  hidden = graph.get_collection(RANK_LOCAL)
+  global_variables = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+  global_variables.extend(hidden)
+  try:
+    yield
+  finally:
+    ids = {id(v) for v in hidden}
+    global_variables[:] = [v for v in global_variables if id(v) not in ids]
 
 
 def saver(**kwargs):
