@@ -76,6 +76,9 @@ def build_parser():
                      help="every N steps write a delta checkpoint (report_dir/"
                      "delta_checkpoints) and a delta serving export (report_dir/"
                      "serving); the report lists their sizes")
+  train.add_argument("--plan", metavar="PLAN_JSON",
+                     help="lay the tables out as this `tfde plan` plan.json says "
+                     "(made for the job's tables and replica count)")
 
   inspect = sub.add_parser(
       "inspect", formatter_class=formatter, epilog=INSPECT_EXAMPLES,

@@ -135,6 +135,92 @@ def test_exchange_statistics_against_a_count_by_hand():
   Table.replicated = True   # every replica's unique rows to the other
   stats = report_lib.exchange_statistics(dataset, {"t": Table()}, 4, 2)
   assert stats["t"]["bytes_exchanged"] == [(3 + 2) * (8 + 8)]
+  Table.replicated = False
+  # Table-wise on replica 1: replica 0 sends its 3 unique ids, each with a
+  # whole row back and its gradient: 3 x (8 + 2 x 2 x 4).
+  Table.owner = 1
+  stats = report_lib.exchange_statistics(dataset, {"t": Table()}, 4, 2)
+  assert stats["t"]["bytes_exchanged"] == [3 * (8 + 16)]
+  # Column-wise, a 1-wide slice on each replica: replica 0 sends its 3 ids
+  # to replica 1, replica 1 its 2 ids to replica 0, each with 1 column
+  # back and its gradient: 5 x (8 + 2 x 1 x 4).
+  Table.owners, Table.widths = [0, 1], [1, 1]
+  stats = report_lib.exchange_statistics(dataset, {"t": Table()}, 4, 2)
+  assert stats["t"]["bytes_exchanged"] == [5 * (8 + 8)]
+
+
+@pytest.fixture(scope="module")
+def three_kinds_plan(tmp_path_factory):
+  """`tfde plan`'s plan.json for the SMALL job (2 replicas), then its tables
+  a, b and c laid out table-wise (on replica 1), column-wise (4 + 4
+  columns) and replicated."""
+  from tfde import planner  # pylint: disable=g-import-not-at-top
+  tmp_path = tmp_path_factory.mktemp("plan")
+  result = _run(["-m", "tfde.app.cli", "plan", "--config", _write(tmp_path, SMALL),
+                 "--report-dir", str(tmp_path / "plan")])
+  assert result.returncode == 0, result.stderr[-3000:]
+  plan = planner.ShardingPlan.from_json((tmp_path / "plan" / "plan.json").read_text())
+  assert sorted(plan.tables) == ["a", "b", "c"] and plan.num_replicas == 2
+  plan.tables = {"a": planner.TableLayout("table_wise", [1]),
+                 "b": planner.TableLayout("column_wise", [0, 1], [4, 4]),
+                 "c": planner.TableLayout("replicated", [0, 1])}
+  path = tmp_path / "three_kinds.json"
+  path.write_text(plan.to_json())
+  return str(path)
+
+
+def test_train_job_lays_its_tables_out_by_a_plan(tmp_path, three_kinds_plan):
+  """`tfde train --plan`: the tables take the plan's kinds (the report's
+  shard statistics follow them), the job learns, and its checkpoint holds
+  whole tables, which `tfde inspect` reads."""
+  small = dict(SMALL, data=dict(SMALL["data"], train_samples=20000, eval_samples=5000),
+               training={"batch_size": 512, "epochs": 2})
+  config_file = _write(tmp_path, small)
+  plan = three_kinds_plan
+  report = tmp_path / "report"
+  result = _run(["-m", "tfde.app.cli", "train", "--config", config_file,
+                 "--report-dir", str(report), "--plan", plan])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"tables laid out by {plan} (column_wise, replicated, table_wise)" in result.stdout
+  metrics = json.loads((report / "metrics.json").read_text())
+  epochs = metrics["epochs"]
+  assert epochs["train"][-1]["loss"] < epochs["train"][0]["loss"], epochs
+  assert metrics["eval_auc"] > 0.6, metrics["eval_auc"]
+  shards = metrics["shards"]
+  assert {k: t["kind"] for k, t in shards["tables"].items()} == {
+      "a": "table_wise", "b": "column_wise", "c": "replicated"}
+  # a (2000 rows) on replica 1; b's 50000 rows half on each; c on both.
+  assert shards["rows_held"] == [25000 + 30, 2000 + 25000 + 30]
+  eval_ids = shards["tables"]["a"]["lookups_per_shard"]
+  assert eval_ids[0] == 0 and eval_ids[1] > 0
+  assert shards["tables"]["b"]["lookups_per_shard"][0] == \
+      shards["tables"]["b"]["lookups_per_shard"][1] > 0
+  from tfde.app import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+  _, tables = inspect_lib.read_tables(str(report / "checkpoint"))
+  assert {t.name: t.rows.shape for t in tables} == {
+      "a": (2000, 8), "b": (50000, 8), "c": (30, 8)}
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda plan: plan.update(num_replicas=4),
+     r"lays the tables out over 4 replicas, but the job runs on 2"),
+    (lambda plan: plan["tables"].pop("b"), r"has no layout for table 'b'"),
+    (lambda plan: plan["tables"].update(d=plan["tables"]["a"]),
+     r"lays out table 'd', which the job does not have"),
+    (lambda plan: plan.clear(), r"is not a tfde plan")])
+def test_train_refuses_a_plan_for_another_job(tmp_path, three_kinds_plan, change, message):
+  import re  # pylint: disable=g-import-not-at-top
+  config_file = _write(tmp_path, SMALL)
+  with open(three_kinds_plan) as f:
+    plan = json.load(f)
+  change(plan)
+  path = tmp_path / "other.json"
+  path.write_text(json.dumps(plan))
+  result = _run(["-m", "tfde.app.cli", "train", "--config", config_file,
+                 "--report-dir", str(tmp_path / "report"), "--plan", str(path)])
+  assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+  assert re.search("tfde: error: --plan: .*" + message, result.stderr), result.stderr
+  assert not (tmp_path / "report" / "metrics.json").exists()
 
 
 def test_train_job_on_a_movielens_csv(tmp_path):

@@ -86,7 +86,7 @@ def _check_writable(path, key, config_file):
 
 
 def run_job(config, data_path=None, report_dir=None, verbose=1, config_file=None,
-            projector=(), delta_every=0):
+            projector=(), delta_every=0, plan_path=None):
   """Trains, evaluates and reports; returns the metrics dict.
 
   Raises ConfigError (naming `config_file`) if the data read turns out too
@@ -128,8 +128,16 @@ def run_job(config, data_path=None, report_dir=None, verbose=1, config_file=None
         f"{evaluation.size} eval samples; {strategy.num_replicas_in_sync} replicas "
         f"({', '.join(strategy.extended.worker_devices)})", flush=True)
 
+  plan = None
+  if plan_path:
+    from tfde.app import plan_command  # pylint: disable=g-import-not-at-top
+    plan = plan_command.load_plan(plan_path, strategy.num_replicas_in_sync,
+                                  full.vocabulary)
+    kinds = sorted({layout.kind for layout in plan.tables.values()})
+    print(f"tfde train: tables laid out by {plan_path} ({', '.join(kinds)})",
+          flush=True)
   with strategy.scope():
-    model = build_model(config, full.vocabulary, full.task, dense)
+    model = build_model(config, full.vocabulary, full.task, dense, plan=plan)
 
   unknown = sorted(set(projector) - set(full.vocabulary))
   if unknown:
@@ -258,9 +266,12 @@ def train_command(args):
     check_paths(config, args.config, args.data, args.report_dir)
     if getattr(args, "delta_every", 0) < 0:
       raise ConfigError("--delta-every", f"must be >= 0, got {args.delta_every}")
+    plan_path = getattr(args, "plan", None)
+    if plan_path:
+      _check_readable(plan_path, "--plan", args.config)
     run_job(config, data_path=args.data, report_dir=args.report_dir,
             config_file=args.config, projector=tuple(args.projector),
-            delta_every=getattr(args, "delta_every", 0))
+            delta_every=getattr(args, "delta_every", 0), plan_path=plan_path)
   except (ConfigError, data_lib.DataError) as e:
     print(f"tfde: error: {e}", file=sys.stderr)
     return 2

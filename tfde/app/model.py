@@ -3,29 +3,40 @@ Keras layer (bottom MLP over dense features, embeddings, pairwise dots,
 top MLP), for a job config."""
 
 
-def build_model(config, vocabulary, task, dense_features):
-  """The DLRM-style model, built in the current strategy's scope."""
-  import keras  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+def feature_configs(config, vocabulary):
+  """The job's features, one table each (the model's width, combiner and
+  table optimizer), by name; `tfde plan` plans these same tables."""
   import tfde  # pylint: disable=g-import-not-at-top
-  from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
-
   m = config.model
-  features = {
-      name: tfde.layers.FeatureConfig(
-          name=name, table=tfde.layers.TableConfig(
+  return {
+      name: tfde.FeatureConfig(
+          name=name, table=tfde.TableConfig(
               name=name, vocabulary_size=vocab, embedding_dim=m.embedding_dim,
               optimizer=tfde.optimizers.SparseOptimizer.from_config(
                   m.table_optimizer.get_config()),
               combiner=m.combiner, seed=config.seed + i))
       for i, (name, vocab) in enumerate(sorted(vocabulary.items()))}
 
+
+def build_model(config, vocabulary, task, dense_features, plan=None):
+  """The DLRM-style model, built in the current strategy's scope; `plan` (a
+  `tfde.planner.ShardingPlan`) lays its tables out, or None: the layer's
+  default placement."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tfde  # pylint: disable=g-import-not-at-top
+  from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
+
+  m = config.model
+  features = feature_configs(config, vocabulary)
+
   class RankingModel(keras.Model):
     """Embeddings + bottom MLP -> pairwise dots -> top MLP."""
 
     def __init__(self):
       super().__init__()
-      self.embedding = tfde.layers.DistributedEmbedding(features, name="embedding")
+      self.embedding = tfde.layers.DistributedEmbedding(features, plan=plan,
+                                                        name="embedding")
       self.bottom = (keras.Sequential([keras.layers.Dense(u, activation="relu")
                                        for u in m.bottom_mlp])
                      if dense_features else None)

@@ -42,9 +42,9 @@ def job_features(config, data_path=None):
   """(feature configs, one global batch of their ids) of a job config."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tfde  # pylint: disable=g-import-not-at-top
   from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
-  d, m = config.data, config.model
+  from tfde.app import model  # pylint: disable=g-import-not-at-top
+  d = config.data
   batch = config.training.batch_size
   if data_path or d.kind == "movielens":
     sample = data_lib.movielens(data_path or d.path, max_samples=batch)
@@ -53,13 +53,9 @@ def job_features(config, data_path=None):
         sparse=[data_lib.SparseFeature(f.name, f.vocabulary_size, f.hotness)
                 for f in d.sparse_features],
         dense_features=0, samples=batch, zipf_alpha=d.zipf_alpha), seed=config.seed)
-  features, inputs = [], {}
-  for i, (name, vocab) in enumerate(sorted(sample.vocabulary.items())):
-    features.append(tfde.FeatureConfig(name=name, table=tfde.TableConfig(
-        name=name, vocabulary_size=vocab, embedding_dim=m.embedding_dim,
-        optimizer=tfde.optimizers.SparseOptimizer.from_config(
-            m.table_optimizer.get_config()),
-        combiner=m.combiner, seed=config.seed + i)))
+  by_name = model.feature_configs(config, sample.vocabulary)
+  features, inputs = [by_name[name] for name in sorted(by_name)], {}
+  for name in sorted(by_name):
     value = sample.features[name]
     if isinstance(value, tuple):
       values, lengths = value
@@ -93,6 +89,32 @@ def run_plan(config, replicas=None, memory_per_replica_bytes=None, report_dir=No
     f.write(plan.to_json())
   written = ["plan.txt", "plan.json"] + plot_plan(plan, report_dir)
   print(f"tfde plan: wrote {report_dir}/ ({', '.join(written)})")
+  return plan
+
+
+def load_plan(path, replicas, tables):
+  """The plan in `path` (a `tfde plan` plan.json), checked against the job
+  it is to lay out: its replica count and its tables, each with a layout.
+  Raises ConfigError naming `--plan`."""
+  from tfde import planner  # pylint: disable=g-import-not-at-top
+  try:
+    with open(path) as f:
+      plan = planner.ShardingPlan.from_json(f.read())
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ConfigError("--plan", f"{path} is not a tfde plan (plan.json of "
+                      f"`tfde plan`): {e}") from None
+  if plan.num_replicas != replicas:
+    raise ConfigError("--plan", f"{path} lays the tables out over "
+                      f"{plan.num_replicas} replicas, but the job runs on "
+                      f"{replicas} (the config's replicas)")
+  for name in sorted(tables):
+    if name not in plan.tables:
+      raise ConfigError("--plan", f"{path} has no layout for table {name!r}; it "
+                        f"lays out {', '.join(sorted(plan.tables))}")
+  unknown = sorted(set(plan.tables) - set(tables))
+  if unknown:
+    raise ConfigError("--plan", f"{path} lays out table {unknown[0]!r}, which the "
+                      f"job does not have; its tables: {', '.join(sorted(tables))}")
   return plan
 
 

@@ -35,15 +35,35 @@ def exchange_statistics(dataset, tables, batch_size, replicas):
                 for r in range(replicas)]
       unique = [np.unique(ids) for ids in ids_of]
       touched.append(int(np.unique(np.concatenate(unique)).size))
+      pieces = _pieces(table)
       if replicas == 1:
         moved.append(0)
-      elif table.replicated:
+      elif pieces == "replicated":
         moved.append(int(sum(u.size for u in unique) * (replicas - 1) * (8 + 4 * dim)))
-      else:
+      elif pieces == "row_wise":
         remote = sum(int((u % replicas != r).sum()) for r, u in enumerate(unique))
         moved.append(remote * (8 + 8 * dim))
+      else:
+        # Each replica sends its unique ids to every piece's owner but
+        # itself, and gets the piece's columns back (and sends gradients).
+        moved.append(sum(u.size * (8 + 8 * width) for r, u in enumerate(unique)
+                         for owner, width in pieces if owner != r))
     stats[name] = {"rows_touched": touched, "bytes_exchanged": moved}
   return stats
+
+
+def _pieces(table):
+  """Where a table's rows live, as the statistics need it: "replicated",
+  "row_wise" (row id on replica id % N), or [(owner, width), ...]: the
+  replicas holding every row's columns, a whole table-wise table as one
+  piece, a column-wise table as one piece per slice (tfde.tables)."""
+  if table.replicated:
+    return "replicated"
+  if getattr(table, "owners", None) is not None:
+    return list(zip(table.owners, table.widths))
+  if getattr(table, "owner", None) is not None:
+    return [(table.owner, table.embedding_dim)]
+  return "row_wise"
 
 
 class TensorBoardLog:
@@ -160,23 +180,34 @@ def write_projector(logdir, rows_by_table, train):
 
 
 def shard_stats(layer, dataset, replicas):
-  """Rows held and lookups served per shard, over the eval data."""
+  """Rows held and lookups served per shard, over the eval data. A column
+  slice counts as its share of the width: a replica holding half of each
+  row of a table of V rows holds V / 2 rows' worth."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  held = np.zeros(replicas, np.int64)
+  held = np.zeros(replicas, np.float64)
   lookups = np.zeros(replicas, np.int64)
   tables = {}
   for name, table in layer.tables.items():
     values, _ = dataset.features[name]
-    if table.replicated:
+    pieces = _pieces(table)
+    if pieces == "replicated":
       held += table.vocabulary_size
       per_shard = np.full(replicas, len(values) // replicas)
-    else:
+    elif pieces == "row_wise":
       held += [len(range(r, table.vocabulary_size, replicas)) for r in range(replicas)]
       per_shard = np.bincount(values % replicas, minlength=replicas)
+    else:
+      per_shard = np.zeros(replicas, np.int64)
+      for owner, width in pieces:
+        held[owner] += table.vocabulary_size * width / table.embedding_dim
+        per_shard[owner] += len(values)
     lookups += per_shard
-    tables[name] = {"replicated": table.replicated,
+    tables[name] = {"replicated": pieces == "replicated",
+                    "kind": pieces if isinstance(pieces, str) else
+                            ("table_wise" if len(pieces) == 1 else "column_wise"),
                     "lookups_per_shard": per_shard.tolist()}
-  return {"rows_held": held.tolist(), "lookups": lookups.tolist(), "tables": tables}
+  rows_held = [int(h) if float(h).is_integer() else float(h) for h in held]
+  return {"rows_held": rows_held, "lookups": lookups.tolist(), "tables": tables}
 
 
 def write_report(report_dir, config, metrics):
@@ -202,7 +233,8 @@ def write_report(report_dir, config, metrics):
   shards = metrics["shards"]
   lines += ["", "| shard | rows held | lookups (eval) |", "|---|---|---|"]
   for r, (h, l) in enumerate(zip(shards["rows_held"], shards["lookups"])):
-    lines.append(f"| {r} | {h:,} | {l:,} |")
+    lines.append(f"| {r} | {h:,} | {l:,} |" if isinstance(h, int) else
+                 f"| {r} | {h:,.1f} | {l:,} |")
   if metrics.get("deltas"):
     from tfde.app import continuous  # pylint: disable=g-import-not-at-top
     lines += continuous.summary_lines(metrics["deltas"])
