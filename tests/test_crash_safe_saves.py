@@ -17,7 +17,9 @@ import tfde
 from tests import save_worker
 from tests.test_multiprocess import REPO, _worker_group
 
-TRIALS = 20
+# Kills per mode: 10 in `make test`, more in `make reliability`
+# (TFDE_CRASH_TRIALS=40), each a worker process started afresh.
+TRIALS = int(os.environ.get("TFDE_CRASH_TRIALS", "10"))
 TIMEOUT_S = 120
 
 
