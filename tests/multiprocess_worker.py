@@ -31,11 +31,16 @@ def main():
 
   variant = ["sgd", "adagrad", "adam", "ftrl"].index(args.optimizer)
   configs = h.feature_configs(args.optimizer, variant)
+  plan = None if args.layouts is None else tfde.planner.ShardingPlan(
+      num_replicas=num_replicas, tables=h.layouts(args.layouts, num_replicas))
   with strategy.scope():
-    lookup = h.sharded_lookup(configs)
+    lookup = h.sharded_lookup(configs, plan=plan)
   assert lookup.comm.num_replicas == num_replicas, lookup.comm
   refused = w.refused_restore(args, lookup)
-  initial = {name: t.shards[rank].numpy() for name, t in lookup.tables.items()}
+  # Row-wise: this worker's shards; under a plan: whole tables (gathering
+  # them is a collective, which every worker runs).
+  initial = {name: t.shards[rank].numpy() if plan is None else t.full_table()
+             for name, t in lookup.tables.items()}
 
   def replica_step(inputs, weights, targets):
     with tf.GradientTape() as tape:
@@ -69,7 +74,7 @@ def main():
 
   result = dict(refused)
   result.update({f"initial/{n}": v for n, v in initial.items()})
-  result.update({f"final/{n}": t.shards[rank].numpy()
+  result.update({f"final/{n}": t.shards[rank].numpy() if plan is None else t.full_table()
                  for n, t in lookup.tables.items()})
   result.update({f"output/{f}": v for f, v in first.items()})
   result["bytes_sent"] = np.array(lookup.comm.bytes_sent())

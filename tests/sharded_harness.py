@@ -56,6 +56,26 @@ def numpy_optimizer(kind, shape):
   return oracles.NumpyOptimizer(kind, shape, **hp)
 
 
+def layouts(name, n):
+  """A plan (table name -> TableLayout) for the harness's tables A (37 x 4),
+  B (50 x 4) and C (23 x 3) on n replicas."""
+  last = n - 1
+  L = tfde.planner.TableLayout
+  return {
+      # A and B fused in one exchange with different owners, C row-wise.
+      "table_wise": {"A": L("table_wise", [last]), "B": L("table_wise", [0]),
+                     "C": L("row_wise", list(range(n)))},
+      # A in two slices of width 2, C in slices of 1 and 2 (one joins A's
+      # width-2 slices in an exchange), B row-wise.
+      "column_wise": {"A": L("column_wise", [0, last], [2, 2]),
+                      "B": L("row_wise", list(range(n))),
+                      "C": L("column_wise", [last, 0], [1, 2])},
+      "mixed": {"A": L("replicated", list(range(n))),
+                "B": L("table_wise", [1 % n]),
+                "C": L("column_wise", [0, last, 1 % n], [1, 1, 1])},
+  }[name]
+
+
 def sharded_lookup(feature_configs, **kwargs):
   """A ShardedLookup that shards every "auto" table, however small: the
   harness's tables are tiny, and sharding them is what the suite tests

@@ -112,7 +112,10 @@ def _write_batches(out_dir, optimizer):
 
 
 def _check_against_reference(out_dir, optimizer, batches,
-                             expect_backend="kernels"):
+                             expect_backend="kernels", whole_tables=False):
+  """The workers' first outputs and final tables against the numpy
+  reference run from their initial tables: row-wise shards, or with
+  `whole_tables` (a plan's run) the whole tables every worker gathered."""
   variant = ["sgd", "adagrad", "adam", "ftrl"].index(optimizer)
   configs = h.feature_configs(optimizer, variant)
   results = [np.load(os.path.join(out_dir, f"worker_{r}.npz"))
@@ -120,10 +123,17 @@ def _check_against_reference(out_dir, optimizer, batches,
   for r in results:
     assert str(r["backend"]) == expect_backend, str(r["backend"])
     assert int(r["bytes_sent"]) > 0
-  initial = {n: tfde.sharding.unshard_table(
-      [r[f"initial/{n}"] for r in results], h.TABLES[n][0]) for n in h.TABLES}
-  final = {n: tfde.sharding.unshard_table(
-      [r[f"final/{n}"] for r in results], h.TABLES[n][0]) for n in h.TABLES}
+  if whole_tables:
+    for key in results[0].files:
+      if key.startswith(("initial/", "final/")):
+        np.testing.assert_array_equal(results[1][key], results[0][key], err_msg=key)
+    initial = {n: results[0][f"initial/{n}"] for n in h.TABLES}
+    final = {n: results[0][f"final/{n}"] for n in h.TABLES}
+  else:
+    initial = {n: tfde.sharding.unshard_table(
+        [r[f"initial/{n}"] for r in results], h.TABLES[n][0]) for n in h.TABLES}
+    final = {n: tfde.sharding.unshard_table(
+        [r[f"final/{n}"] for r in results], h.TABLES[n][0]) for n in h.TABLES}
   want_outputs, want_tables = h.reference_run(configs, initial, batches)
   for f in h.FEATURES:
     got = np.concatenate([r[f"output/{f}"] for r in results])
@@ -132,6 +142,23 @@ def _check_against_reference(out_dir, optimizer, batches,
     np.testing.assert_allclose(final[n], want_tables[n], rtol=1e-5, atol=1e-6,
                                err_msg=f"table {n}")
     assert not np.allclose(final[n], initial[n])
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("layouts,optimizer", [("mixed", "adam"), ("column_wise", "ftrl")])
+def test_multi_worker_mirrored_two_processes_under_a_plan(tmp_path, layouts, optimizer):
+  """The planner's kinds across 2 worker processes: "mixed" lays A out
+  replicated, B table-wise on worker 1 and C in three 1-wide column slices
+  (Adam's bias correction per slice); "column_wise" slices A and C over
+  both workers (FTRL's per-element state per slice). The first step's
+  outputs and 10 steps' tables equal the numpy reference."""
+  batches_path, batches = _write_batches(str(tmp_path), optimizer)
+  commands, envs = _mwms_commands(tmp_path, optimizer, batches_path,
+                                  ["--layouts", layouts])
+  procs, outputs = _run_group(commands, envs, cwd=REPO)
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0, out[-3000:]
+  _check_against_reference(str(tmp_path), optimizer, batches, whole_tables=True)
 
 
 def _delta_chain_equals_end_checkpoint(make_lookup, delta_dir, end_checkpoint):

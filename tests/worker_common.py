@@ -33,6 +33,9 @@ def parser(description):
   p.add_argument("--bad-checkpoint", help="before training, restore this checkpoint "
                  "(one of its tables has another shape): it must fail and change "
                  "no table")
+  p.add_argument("--layouts", choices=["table_wise", "column_wise", "mixed"],
+                 help="lay the tables out by this plan of the harness's "
+                 "(sharded_harness.layouts) instead of row-wise")
   p.add_argument("--out-of-step-at", type=int, default=-1,
                  help="before this (0-based) step, worker 1 counts one step "
                       "more, as a worker that went on after a failed step")

@@ -124,8 +124,10 @@ class TableWiseTable(sharded.ShardedTable):
     parts = {r: [variables_by_replica[r].read_value() if r in variables_by_replica
                  else tf.zeros([0, self.embedding_dim], dtype)]
              for r in self.comm.local_replicas()}
-    if list(parts) == [self.owner]:
+    if self.comm.num_replicas == 1:
       return parts[self.owner][0]
+    # Every process gathers, the owner's too: a process holding only the
+    # owner must still join the collective the others run.
     return self.comm.concat_replica_values(parts)[0]
 
   def _sharded(self, full):
