@@ -14,13 +14,13 @@ TF215_OPS := $(CURDIR)/$(TF215_VENV)/tfde_ops_tf215.so
 TF215_TESTS := tests/test_estimator.py tests/test_graph_savers.py tests/test_keras_support.py \
     tests/test_mxrec.py \
     tests/test_feature_column.py
-# The TF 2.17 lane: Keras 3 beside TensorFlow 2.17.1 (the versions between
-# 2.15's Keras 2 and the main 2.21), its own op library, the Keras layer
-# and the graph-mode path.
-TF217_VENV := .venv-tf217
-TF217_PY := $(TF217_VENV)/bin/python
-TF217_OPS := $(CURDIR)/$(TF217_VENV)/tfde_ops_tf217.so
-TF217_TESTS := tests/test_layers.py tests/test_keras_support.py tests/test_graph_savers.py \
+# The Keras 3 lanes: TensorFlow 2.16.2 and 2.17.1 (between 2.15's Keras 2
+# and the main 2.21), each with Keras 3 and its own op library, run the
+# Keras layer and the graph-mode path.
+KERAS3_LANES := 216 217
+TF_VERSION_216 := 2.16.2
+TF_VERSION_217 := 2.17.1
+KERAS3_LANE_TESTS := tests/test_layers.py tests/test_keras_support.py tests/test_graph_savers.py \
     tests/test_mxrec.py tests/test_feature_column.py tests/test_deeprec.py
 PYTEST_ARGS ?=
 
@@ -30,7 +30,7 @@ PYTEST_ARGS ?=
 .PHONY: dtensor-test dtensor-bench
 .PHONY: wheel wheel-test docs docs-env
 .PHONY: delta-bench
-.PHONY: tf215-env test-tf215 tf217-env test-tf217
+.PHONY: tf215-env test-tf215 $(KERAS3_LANES:%=tf%-env) $(KERAS3_LANES:%=test-tf%)
 .PHONY: peers-env
 
 all: ops
@@ -113,26 +113,27 @@ test-tf215: tf215-env
 	TFDE_REQUIRE_HOROVOD=1 TFDE_OPS_LIBRARY=$(TF215_OPS) $(TF215_PY) -m pytest $(TF215_TESTS) -q -p no:cacheprovider \
 	    -k "not reference" --timeout=900 $(PYTEST_ARGS)
 
-$(TF217_VENV)/.ready:
-	$(PYTHON) -m venv $(TF217_VENV)
-	$(TF217_VENV)/bin/pip install -q --upgrade pip
-	$(TF217_VENV)/bin/pip install -q "tensorflow-cpu==2.17.1" numpy absl-py pyyaml h5py \
+.venv-tf%/.ready:
+	$(PYTHON) -m venv .venv-tf$*
+	.venv-tf$*/bin/pip install -q --upgrade pip
+	.venv-tf$*/bin/pip install -q "tensorflow-cpu==$(TF_VERSION_$*)" numpy absl-py pyyaml h5py \
 	    pytest pytest-timeout setuptools wheel
 	touch $@
 
-$(TF217_OPS): $(TF217_VENV)/.ready $(wildcard kernels/*.cc kernels/*.h) setup.py
-	PATH=$(CURDIR)/$(TF217_VENV)/bin:$$PATH $(TF217_VENV)/bin/pip install -q --no-build-isolation .
-	cp $$($(TF217_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/tfde/ops/_tfde_ops.so $@
+.venv-tf%/tfde_ops.so: .venv-tf%/.ready $(wildcard kernels/*.cc kernels/*.h) setup.py
+	PATH=$(CURDIR)/.venv-tf$*/bin:$$PATH .venv-tf$*/bin/pip install -q --no-build-isolation .
+	cp $$(.venv-tf$*/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/tfde/ops/_tfde_ops.so $@
 
-tf217-env: $(TF217_OPS)
+$(KERAS3_LANES:%=tf%-env): tf%-env: .venv-tf%/tfde_ops.so
 
-# The work tree's tfde on TF 2.17's op library, on the kernels. Left out:
-# the fit test's stated margin (loss below half its first epoch's), a
-# number measured on TF 2.21's random draws; on 2.17's the loss falls to
-# 0.62 of its first epoch in the same 8 epochs.
-test-tf217: tf217-env
-	TFDE_OPS_LIBRARY=$(TF217_OPS) $(TF217_PY) -m pytest $(TF217_TESTS) -q -p no:cacheprovider \
-	    -k "not reference and not fit_learns" --timeout=900 $(PYTEST_ARGS)
+# The work tree's tfde on that TensorFlow's op library, on the kernels.
+# Left out: the fit test's stated margin (loss below half its first
+# epoch's), a number measured on TF 2.21's random draws; on 2.17's the loss
+# falls to 0.62 of its first epoch in the same 8 epochs.
+$(KERAS3_LANES:%=test-tf%): test-tf%: tf%-env
+	TFDE_OPS_LIBRARY=$(CURDIR)/.venv-tf$*/tfde_ops.so .venv-tf$*/bin/python -m pytest \
+	    $(KERAS3_LANE_TESTS) -q -p no:cacheprovider -k "not reference and not fit_learns" \
+	    --timeout=900 $(PYTEST_ARGS)
 
 # A wheel of tfde for the main TensorFlow: its op library compiled for that
 # TensorFlow, its extras ([cpu], [gpu], [tpu]) pinned to that minor version
@@ -168,11 +169,11 @@ docs: $(DOCS_VENV)/.ready
 # The whole suite: both op backends, MirroredStrategy over logical CPUs,
 # 2-process MultiWorkerMirroredStrategy, and horovodrun in the TF 2.18 env;
 # then the TF 2.15 lane (tf.estimator, the graph-mode path).
-test: ops hvd-env docs wheel-test tf215-env tf217-env
+test: ops hvd-env docs wheel-test tf215-env $(KERAS3_LANES:%=tf%-env)
 	TFDE_REQUIRE_HOROVOD=1 TFDE_PEER_TESTS=1 $(PY) -m pytest tests tfde tfde_cli.py --doctest-modules -q -p no:cacheprovider \
 	    --timeout=900 --durations=10 $(PYTEST_ARGS)
 	$(MAKE) test-tf215
-	$(MAKE) test-tf217
+	$(MAKE) $(KERAS3_LANES:%=test-tf%)
 
 # Without the Horovod environment (a few minutes quicker to set up).
 test-fast: ops
@@ -256,4 +257,4 @@ bazel: $(VENV)/.ready
 	    -p no:cacheprovider tests/test_ops.py tests/test_ops_optimizers.py tests/test_ops_refusals.py
 
 clean:
-	rm -rf build dist *.egg-info tfde/ops/_tfde_ops.so tfde/_build_info.py $(VENV) $(HVD_VENV) $(WHEEL_VENV) $(TF215_VENV) $(TF217_VENV)
+	rm -rf build dist *.egg-info tfde/ops/_tfde_ops.so tfde/_build_info.py $(VENV) $(HVD_VENV) $(WHEEL_VENV) $(TF215_VENV) $(KERAS3_LANES:%=.venv-tf%)
