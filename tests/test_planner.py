@@ -59,6 +59,47 @@ def test_wide_table_goes_column_wise_into_the_common_width():
             plan.estimated_step_seconds), kind
 
 
+def test_bytes_between_workers_are_priced_by_their_link():
+  """4 replicas in 2 workers (0, 1 | 2, 3): the cross-worker share of each
+  replica's exchange bytes, counted by hand, and the step estimate that
+  prices them at the slower link."""
+  from tfde.planner import cost as cost_lib  # pylint: disable=g-import-not-at-top
+  stats = cost_lib.TableStats("t", rows=1000, width=8, slots=1, dynamic=False,
+                              ids_per_sample=1.0, unique_per_replica=30.0,
+                              unique_global=100.0, measured=True)
+  L = planner.TableLayout
+  row = 8 * 4
+  # Row-wise: a replica's ids go evenly to its 3 peers, 2 of them on the
+  # other worker: two thirds of its bytes cross.
+  load = cost_lib.layout_load(stats, L("row_wise", [0, 1, 2, 3]), 4, per_worker=2)
+  np.testing.assert_allclose(load.forward_cross, load.forward * 2 / 3)
+  np.testing.assert_allclose(load.backward_cross, load.backward * 2 / 3)
+  # Table-wise on replica 0: replica 1 (its worker) sends nothing across;
+  # 2 and 3 send their 30 ids (and get rows) across; 0 hears from both.
+  load = cost_lib.layout_load(stats, L("table_wise", [0]), 4, per_worker=2)
+  forward = 30 * (8 + row)
+  np.testing.assert_allclose(load.forward_cross, [2 * forward, 0, forward, forward])
+  np.testing.assert_allclose(load.backward_cross, [2 * 30 * row, 0, 30 * row, 30 * row])
+  # One worker, or workers unknown: nothing crosses.
+  for per_worker in (4, None):
+    load = cost_lib.layout_load(stats, L("row_wise", [0, 1, 2, 3]), 4, per_worker)
+    assert not load.forward_cross.any() and not load.backward_cross.any()
+  # The estimate: a slower link between workers makes more workers slower,
+  # and one worker is the same as not knowing.
+  configs = features([(300_000, 16), (50_000, 64), (2_000, 16)])
+  cost = planner.CostModel(bandwidth_bytes_per_s=100e9,
+                           cross_worker_bandwidth_bytes_per_s=5e9)
+  seconds = {w: planner.plan(configs, 8, replicas_per_worker=w, cost_model=cost)
+             .estimated_step_seconds for w in (None, 8, 4, 2, 1)}
+  assert seconds[None] == seconds[8] < seconds[4] < seconds[2] < seconds[1], seconds
+  plan = planner.plan(configs, 8, replicas_per_worker=2, cost_model=cost)
+  assert plan.replicas_per_worker == 2
+  assert all(layout.estimate["cross_worker_bytes_per_step"] > 0
+             for layout in plan.tables.values() if layout.kind != "replicated")
+  with pytest.raises(ValueError, match="cross_worker_bandwidth_bytes_per_s"):
+    planner.CostModel(cross_worker_bandwidth_bytes_per_s=0)
+
+
 def test_a_plan_that_cannot_fit_names_the_table_and_the_bytes_missing():
   configs = features([(1000, 8), (1_000_001, 16)], optimizer="adam")
   budget = 24 << 20

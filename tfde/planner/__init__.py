@@ -46,6 +46,16 @@ width D on N replicas:
   its U ids and gradients to the N - 1 others, and every replica applies
   all of them; memory V D on every replica.
 
+With `replicas_per_worker=w` (replicas 0..w-1 on worker 0, and so on) a
+replica's bytes with other workers' replicas go at
+`CostModel.cross_worker_bandwidth_bytes_per_s` and the rest at
+`bandwidth_bytes_per_s`: row-wise and replicated tables send (N - w) /
+(N - 1) of their bytes across, a table-wise owner's requesters on other
+workers all of theirs. Each table's estimate says its cross-worker bytes.
+(No kind yet keeps a table's rows inside one worker: table-row-wise
+sharding is still to come, so the topology changes the estimates more
+than the choices.)
+
 Each table (or column slice) a replica holds costs it a fixed
 `CostModel.table_overhead_s` per step (its gather and apply ops): what
 makes table-wise pay for many small tables, as TorchRec's planner finds.

@@ -18,7 +18,11 @@ class CostModel:
 
   Attributes:
     bandwidth_bytes_per_s: bytes a replica sends plus receives per second
-      in an exchange.
+      in an exchange (with replicas of its own worker, when
+      `cross_worker_bandwidth_bytes_per_s` is given).
+    cross_worker_bandwidth_bytes_per_s: the same with replicas of other
+      workers (NVLink inside a host, the network between hosts); None: every
+      link alike. Used when the plan knows `replicas_per_worker`.
     exchange_latency_s: the fixed cost of one collective round (a count
       exchange, an all-to-all).
     memory_bytes_per_s: bytes of rows and slots a replica reads or writes
@@ -36,6 +40,7 @@ class CostModel:
   """
 
   bandwidth_bytes_per_s: float = 10e9
+  cross_worker_bandwidth_bytes_per_s: Optional[float] = None
   exchange_latency_s: float = 20e-6
   memory_bytes_per_s: float = 20e9
   forward_weight: float = 2.0
@@ -57,6 +62,10 @@ class CostModel:
     for field in ("bandwidth_bytes_per_s", "memory_bytes_per_s", "forward_weight"):
       if not getattr(self, field) > 0:
         raise ValueError(f"CostModel.{field} must be positive, got {getattr(self, field)}")
+    if self.cross_worker_bandwidth_bytes_per_s is not None and not (
+        self.cross_worker_bandwidth_bytes_per_s > 0):
+      raise ValueError(f"CostModel.cross_worker_bandwidth_bytes_per_s must be positive "
+                       f"or None, got {self.cross_worker_bandwidth_bytes_per_s}")
     if self.exchange_latency_s < 0:
       raise ValueError(f"CostModel.exchange_latency_s must be >= 0, got "
                        f"{self.exchange_latency_s}")
@@ -185,6 +194,10 @@ def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=No
   return stats
 
 
+_LOAD_ARRAYS = ("forward", "backward", "forward_cross", "backward_cross", "compute",
+                "memory", "ids", "tables")
+
+
 class _Load:
   """Per replica figures of a (partial) plan, and the groups it makes."""
 
@@ -192,6 +205,8 @@ class _Load:
     self.n = n
     self.forward = np.zeros(n)   # bytes sent + received in forward exchanges
     self.backward = np.zeros(n)  # in backward exchanges
+    self.forward_cross = np.zeros(n)   # of those, with other workers' replicas
+    self.backward_cross = np.zeros(n)
     self.compute = np.zeros(n)   # bytes of rows and slots read and written
     self.memory = np.zeros(n)    # bytes of rows and slots held
     self.ids = np.zeros(n)       # ids sent to other replicas per step
@@ -203,20 +218,20 @@ class _Load:
 
   def copy(self):
     other = _Load(self.n)
-    for k in ("forward", "backward", "compute", "memory", "ids", "tables"):
+    for k in _LOAD_ARRAYS:
       setattr(other, k, getattr(self, k).copy())
     other.sharded_groups = collections.Counter(self.sharded_groups)
     other.replicated_groups = collections.Counter(self.replicated_groups)
     return other
 
   def add(self, other):
-    for k in ("forward", "backward", "compute", "memory", "ids", "tables"):
+    for k in _LOAD_ARRAYS:
       setattr(self, k, getattr(self, k) + getattr(other, k))
     self.sharded_groups += other.sharded_groups
     self.replicated_groups += other.replicated_groups
 
   def subtract(self, other):
-    for k in ("forward", "backward", "compute", "memory", "ids", "tables"):
+    for k in _LOAD_ARRAYS:
       setattr(self, k, getattr(self, k) - getattr(other, k))
     self.sharded_groups -= other.sharded_groups
     self.replicated_groups -= other.replicated_groups
@@ -226,27 +241,47 @@ class _Load:
     if self.n == 1:
       sharded = replicated = 0  # nothing is exchanged
     forward = (cost.exchange_latency_s * sharded * SHARDED_ROUNDS[0] +
-               self.forward.max() / cost.bandwidth_bytes_per_s)
+               self._wire_seconds(self.forward, self.forward_cross, cost).max())
     backward = (cost.exchange_latency_s * (sharded * SHARDED_ROUNDS[1] +
                                            replicated * REPLICATED_ROUNDS[1]) +
-                self.backward.max() / cost.bandwidth_bytes_per_s)
+                self._wire_seconds(self.backward, self.backward_cross, cost).max())
     compute = self.compute_seconds(cost)
     at_once = cost.parallel_replicas or self.n
     return (cost.forward_weight * forward + backward +
             max(compute.max(), compute.sum() / min(at_once, self.n)))
+
+  @staticmethod
+  def _wire_seconds(total, cross, cost):
+    """Per replica: its bytes with its own worker's replicas at
+    `bandwidth_bytes_per_s`, those with other workers' at the cross-worker
+    bandwidth."""
+    across = cost.cross_worker_bandwidth_bytes_per_s or cost.bandwidth_bytes_per_s
+    return (total - cross) / cost.bandwidth_bytes_per_s + cross / across
 
   def compute_seconds(self, cost):
     return self.compute / cost.memory_bytes_per_s + self.tables * cost.table_overhead_s
 
   def replica_seconds(self, cost):
     """Each replica's own share (exchange bytes and compute), for balance."""
-    return ((cost.forward_weight * self.forward + self.backward) /
-            cost.bandwidth_bytes_per_s + self.compute_seconds(cost))
+    return (cost.forward_weight * self._wire_seconds(self.forward, self.forward_cross, cost) +
+            self._wire_seconds(self.backward, self.backward_cross, cost) +
+            self.compute_seconds(cost))
 
 
-def _slice_load(stats, n, owner, width, group_key):
+def _worker(replica, per_worker):
+  return 0 if per_worker is None else replica // per_worker
+
+
+def _cross_share(n, per_worker):
+  """Of a replica's n - 1 peers, the share on other workers (replicas
+  0..w-1 make worker 0, and so on); 0 when the workers are unknown."""
+  return 0.0 if per_worker is None or n == 1 else (n - per_worker) / (n - 1)
+
+
+def _slice_load(stats, n, owner, width, group_key, per_worker=None):
   """The load of `width` columns of a table held whole by `owner`."""
   load = _Load(n)
+  elsewhere = 0 if per_worker is None else n - per_worker
   u, ug = stats.unique_per_replica, stats.unique_global
   row = width * FLOAT_BYTES
   others = n - 1
@@ -254,6 +289,8 @@ def _slice_load(stats, n, owner, width, group_key):
     if r == owner:
       load.forward[r] += others * u * (ID_BYTES + row)
       load.backward[r] += others * u * row
+      load.forward_cross[r] += elsewhere * u * (ID_BYTES + row)
+      load.backward_cross[r] += elsewhere * u * row
       load.compute[r] += n * u * row + ug * row * (1 + stats.slots) * 2
       load.memory[r] += stats.rows * stats.row_bytes * width // stats.width
       load.tables[r] += 1
@@ -261,14 +298,19 @@ def _slice_load(stats, n, owner, width, group_key):
       load.forward[r] += u * (ID_BYTES + row)
       load.backward[r] += u * row
       load.ids[r] += u
+      if _worker(r, per_worker) != _worker(owner, per_worker):
+        load.forward_cross[r] += u * (ID_BYTES + row)
+        load.backward_cross[r] += u * row
   load.sharded_groups[group_key] += 1
   return load
 
 
-def layout_load(stats, layout, n):
-  """The per replica load of one table under `layout`."""
+def layout_load(stats, layout, n, per_worker=None):
+  """The per replica load of one table under `layout`, on `n` replicas in
+  workers of `per_worker` (None: unknown, every link alike)."""
   u, ug = stats.unique_per_replica, stats.unique_global
   row = stats.width * FLOAT_BYTES
+  cross = _cross_share(n, per_worker)
   if layout.kind == "row_wise":
     load = _Load(n)
     share = (n - 1) / n
@@ -277,6 +319,8 @@ def layout_load(stats, layout, n):
     load.compute += u * row + ug / n * row * (1 + stats.slots) * 2
     load.memory += math.ceil(stats.rows / n) * stats.row_bytes
     load.ids += share * u
+    load.forward_cross += cross * load.forward
+    load.backward_cross += cross * load.backward
     load.tables += 1
     load.sharded_groups[("dynamic", stats.name) if stats.dynamic else stats.width] += 1
     return load
@@ -286,6 +330,7 @@ def layout_load(stats, layout, n):
     load.compute += u * row + ug * row * (1 + stats.slots) * 2
     load.memory += stats.rows * stats.row_bytes
     load.ids += (n - 1) * u
+    load.backward_cross += cross * load.backward
     load.tables += 1
     load.replicated_groups[stats.width] += 1
     return load
@@ -293,5 +338,5 @@ def layout_load(stats, layout, n):
   load = _Load(n)
   for owner, width in zip(layout.owners, widths):
     key = ("dynamic", stats.name) if stats.dynamic else width
-    load.add(_slice_load(stats, n, owner, width, key))
+    load.add(_slice_load(stats, n, owner, width, key, per_worker))
   return load

@@ -52,8 +52,10 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
     num_replicas: replicas the plan is for.
     memory_per_replica_bytes: each replica's budget for rows and optimizer
       slots (None: unlimited).
-    replicas_per_worker: replicas per worker process (recorded for the
-      report; the cost model treats every link alike).
+    replicas_per_worker: replicas per worker process (replicas 0..w-1 on
+      worker 0, and so on): the cost model prices bytes between workers at
+      `CostModel.cross_worker_bandwidth_bytes_per_s`, so layouts keeping
+      traffic inside a worker cost less. None: every link alike.
     sample_inputs: feature name -> one global batch of ids (dense, ragged
       or sparse), from which ids per sample and unique ids per replica are
       measured; without it each feature is assumed to give `input_shape[1]`
@@ -93,7 +95,7 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
     reserve -= least[name]
     best, best_reserved, shortfall = None, None, None
     for option in _candidates(stats[name], configs[name], num_replicas, load, cost):
-      delta = layout_load(stats[name], option, num_replicas)
+      delta = layout_load(stats[name], option, num_replicas, replicas_per_worker)
       over = load.memory + delta.memory - budget
       if over.max() > 0:
         if shortfall is None or over.max() < shortfall[0]:
@@ -120,7 +122,7 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
     load.add(delta)
     layouts[name] = (option, delta)
   layouts, load = _improve(layouts, load, stats, configs, num_replicas, budget, cost,
-                           order)
+                           order, replicas_per_worker)
   for name, (option, delta) in layouts.items():
     option.estimate = _table_estimate(stats[name], delta)
   layouts = {name: option for name, (option, _) in layouts.items()}
@@ -138,7 +140,8 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
 MARGIN = 0.01
 
 
-def _improve(layouts, load, stats, configs, n, budget, cost, order, sweeps=3):
+def _improve(layouts, load, stats, configs, n, budget, cost, order, per_worker=None,
+             sweeps=3):
   """The greedy layouts after moves of one table at a time to another
   layout while the estimate drops by more than MARGIN (a greedy choice
   early on cannot see the tables after it); or a uniform layout (every
@@ -153,7 +156,7 @@ def _improve(layouts, load, stats, configs, n, budget, cost, order, sweeps=3):
       trial.add(delta)
       best, best_seconds = None, trial.seconds(cost) * (1 - MARGIN)
       for option in _candidates(stats[name], configs[name], n, load, cost):
-        option_delta = layout_load(stats[name], option, n)
+        option_delta = layout_load(stats[name], option, n, per_worker)
         if (load.memory + option_delta.memory).max() > budget:
           continue
         trial = load.copy()
@@ -169,7 +172,7 @@ def _improve(layouts, load, stats, configs, n, budget, cost, order, sweeps=3):
       break
   uniform = []
   for kind in ("row_wise", "table_wise", "replicated"):
-    other, other_load = _uniform(stats, configs, n, kind, cost, order)
+    other, other_load = _uniform(stats, configs, n, kind, cost, order, per_worker)
     if other is not None and other_load.memory.max() <= budget:
       uniform.append((other_load.seconds(cost), other, other_load))
   if uniform:
@@ -179,7 +182,7 @@ def _improve(layouts, load, stats, configs, n, budget, cost, order, sweeps=3):
   return layouts, load
 
 
-def _uniform(stats, configs, n, kind, cost, order):
+def _uniform(stats, configs, n, kind, cost, order, per_worker=None):
   """Every table of `kind` (table-wise: each on the least loaded replica
   so far, largest first), or None where a table cannot take it."""
   load, layouts = _Load(n), {}
@@ -191,7 +194,7 @@ def _uniform(stats, configs, n, kind, cost, order):
       layout = TableLayout("table_wise", [owner])
     else:
       layout = TableLayout(kind, list(range(n)))
-    delta = layout_load(stats[name], layout, n)
+    delta = layout_load(stats[name], layout, n, per_worker)
     load.add(delta)
     layouts[name] = (layout, delta)
   return layouts, load
@@ -208,6 +211,8 @@ def _table_estimate(stats, load):
       # Sent plus received, summed over replicas, halved: bytes on the wire.
       "bytes_exchanged_per_step": int(round((load.forward.sum() +
                                              load.backward.sum()) / 2)),
+      "cross_worker_bytes_per_step": int(round((load.forward_cross.sum() +
+                                                load.backward_cross.sum()) / 2)),
   }
 
 
@@ -221,19 +226,21 @@ def _replica_estimate(load, cost):
 
 
 def simple_plan(feature_configs, num_replicas, kind, sample_inputs=None,
-                batch_size=None, cost_model=None):
+                batch_size=None, cost_model=None, replicas_per_worker=None):
   """Every table row-wise, replicated or table-wise (each on the least
   loaded replica so far, largest first), with the same estimates as
   `plan`: the baselines a plan is compared with."""
   cost = cost_model or CostModel()
   stats = table_stats(feature_configs, num_replicas, sample_inputs, batch_size)
   order = sorted(stats, key=lambda t: (-stats[t].rows * stats[t].row_bytes, t))
-  layouts, load = _uniform(stats, None, num_replicas, kind, cost, order)
+  layouts, load = _uniform(stats, None, num_replicas, kind, cost, order,
+                           replicas_per_worker)
   tables = {}
   for name in sorted(layouts):
     layout, delta = layouts[name]
     layout.estimate = _table_estimate(stats[name], delta)
     tables[name] = layout
   return ShardingPlan(num_replicas=num_replicas, tables=tables,
+                      replicas_per_worker=replicas_per_worker,
                       estimated_step_seconds=load.seconds(cost),
                       per_replica=_replica_estimate(load, cost))
