@@ -70,6 +70,11 @@ def layouts(name, n):
       "column_wise": {"A": L("column_wise", [0, last], [2, 2]),
                       "B": L("row_wise", list(range(n))),
                       "C": L("column_wise", [last, 0], [1, 2])},
+      # A's rows over the upper half of the replicas (a worker's), fused
+      # with B whole on replica 0; C's rows over the last and the first.
+      "table_row_wise": {"A": L("table_row_wise", list(range(n // 2, n)) or [0]),
+                         "B": L("table_wise", [0]),
+                         "C": L("table_row_wise", [last, 0] if n > 1 else [0])},
       "mixed": {"A": L("replicated", list(range(n))),
                 "B": L("table_wise", [1 % n]),
                 "C": L("column_wise", [0, last, 1 % n], [1, 1, 1])},

@@ -147,6 +147,12 @@ def test_exchange_statistics_against_a_count_by_hand():
   Table.owners, Table.widths = [0, 1], [1, 1]
   stats = report_lib.exchange_statistics(dataset, {"t": Table()}, 4, 2)
   assert stats["t"]["bytes_exchanged"] == [5 * (8 + 8)]
+  # Rows spread over (1, 0): id i on replica 1 if i is even. Replica 0
+  # sends 2 and 4; replica 1 sends 3 and 5: 4 x (8 + 2 x 2 x 4).
+  del Table.owners, Table.widths
+  Table.owner = (1, 0)
+  stats = report_lib.exchange_statistics(dataset, {"t": Table()}, 4, 2)
+  assert stats["t"]["bytes_exchanged"] == [4 * (8 + 16)]
 
 
 @pytest.fixture(scope="module")

@@ -145,12 +145,15 @@ def _check_against_reference(out_dir, optimizer, batches,
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("layouts,optimizer", [("mixed", "adam"), ("column_wise", "ftrl")])
+@pytest.mark.parametrize("layouts,optimizer", [("mixed", "adam"), ("column_wise", "ftrl"),
+                                               ("table_row_wise", "adagrad")])
 def test_multi_worker_mirrored_two_processes_under_a_plan(tmp_path, layouts, optimizer):
   """The planner's kinds across 2 worker processes: "mixed" lays A out
   replicated, B table-wise on worker 1 and C in three 1-wide column slices
   (Adam's bias correction per slice); "column_wise" slices A and C over
-  both workers (FTRL's per-element state per slice). The first step's
+  both workers (FTRL's per-element state per slice); "table_row_wise"
+  spreads C's rows over both workers (and A's over worker 1 alone), fused
+  with B whole on worker 0. The first step's
   outputs and 10 steps' tables equal the numpy reference."""
   batches_path, batches = _write_batches(str(tmp_path), optimizer)
   commands, envs = _mwms_commands(tmp_path, optimizer, batches_path,

@@ -49,7 +49,7 @@ def strategy(request):
 # Every optimizer for each new kind; the plan mixing every kind with Adam
 # (the step-dependent rule), to keep the suite's time.
 @pytest.mark.parametrize("kind,layout", [
-    (k, layout) for layout in ("table_wise", "column_wise")
+    (k, layout) for layout in ("table_wise", "column_wise", "table_row_wise")
     for k in ("sgd", "adagrad", "adam", "ftrl")] + [("adam", "mixed")])
 def test_training_equals_unsharded_reference(strategy, kind, layout):
   n = strategy.num_replicas_in_sync
@@ -82,6 +82,13 @@ def test_training_equals_unsharded_reference(strategy, kind, layout):
     if layout_.kind == "column_wise":
       for s, owner, width in zip(table.slices, layout_.owners, layout_.column_widths):
         assert sorted(s.shards) == [owner] and s.shards[owner].shape[1] == width
+    if layout_.kind == "table_row_wise":
+      # Row i on owners[i % k] at local row i // k, nowhere else.
+      k = len(layout_.owners)
+      assert sorted(table.shards) == sorted(layout_.owners)
+      for position, owner in enumerate(layout_.owners):
+        rows = final[name][position::k]
+        np.testing.assert_array_equal(table.shards[owner].numpy()[:len(rows)], rows)
 
 
 # ---- dynamic tables: table-wise (column-wise and replicated do not apply)
@@ -136,7 +143,7 @@ def test_checkpoint_moves_between_plans_and_replica_counts(tmp_path):
   # Every table under another kind, on 4 replicas; and under no plan on 1.
   L = tfde.planner.TableLayout
   second = tfde.planner.ShardingPlan(num_replicas=4, tables={
-      "A": L("column_wise", [3, 1], [3, 1]), "B": L("row_wise", [0, 1, 2, 3]),
+      "A": L("column_wise", [3, 1], [3, 1]), "B": L("table_row_wise", [3, 2]),
       "C": L("table_wise", [2])})
   for strategy, plan in ((mirrored(4), second), (mirrored(1), None)):
     n = strategy.num_replicas_in_sync

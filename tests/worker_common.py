@@ -33,7 +33,8 @@ def parser(description):
   p.add_argument("--bad-checkpoint", help="before training, restore this checkpoint "
                  "(one of its tables has another shape): it must fail and change "
                  "no table")
-  p.add_argument("--layouts", choices=["table_wise", "column_wise", "mixed"],
+  p.add_argument("--layouts", choices=["table_wise", "column_wise", "table_row_wise",
+                                      "mixed"],
                  help="lay the tables out by this plan of the harness's "
                  "(sharded_harness.layouts) instead of row-wise")
   p.add_argument("--out-of-step-at", type=int, default=-1,

@@ -43,6 +43,11 @@ def exchange_statistics(dataset, tables, batch_size, replicas):
       elif pieces == "row_wise":
         remote = sum(int((u % replicas != r).sum()) for r, u in enumerate(unique))
         moved.append(remote * (8 + 8 * dim))
+      elif isinstance(pieces, tuple):  # rows spread over some replicas
+        owners = np.asarray(pieces)
+        remote = sum(int((owners[u % len(owners)] != r).sum())
+                     for r, u in enumerate(unique))
+        moved.append(remote * (8 + 8 * dim))
       else:
         # Each replica sends its unique ids to every piece's owner but
         # itself, and gets the piece's columns back (and sends gradients).
@@ -54,15 +59,19 @@ def exchange_statistics(dataset, tables, batch_size, replicas):
 
 def _pieces(table):
   """Where a table's rows live, as the statistics need it: "replicated",
-  "row_wise" (row id on replica id % N), or [(owner, width), ...]: the
-  replicas holding every row's columns, a whole table-wise table as one
-  piece, a column-wise table as one piece per slice (tfde.tables)."""
+  "row_wise" (row id on replica id % N), a tuple of k replicas (row id on
+  the (id % k)-th: table-row-wise), or [(owner, width), ...]: the replicas
+  holding every row's columns, a whole table-wise table as one piece, a
+  column-wise table as one piece per slice (tfde.tables)."""
   if table.replicated:
     return "replicated"
   if getattr(table, "owners", None) is not None:
     return list(zip(table.owners, table.widths))
-  if getattr(table, "owner", None) is not None:
-    return [(table.owner, table.embedding_dim)]
+  owner = getattr(table, "owner", None)
+  if isinstance(owner, tuple):
+    return owner
+  if owner is not None:
+    return [(owner, table.embedding_dim)]
   return "row_wise"
 
 
@@ -196,6 +205,13 @@ def shard_stats(layer, dataset, replicas):
     elif pieces == "row_wise":
       held += [len(range(r, table.vocabulary_size, replicas)) for r in range(replicas)]
       per_shard = np.bincount(values % replicas, minlength=replicas)
+    elif isinstance(pieces, tuple):
+      k = len(pieces)
+      per_shard = np.zeros(replicas, np.int64)
+      by_position = np.bincount(values % k, minlength=k)
+      for position, owner in enumerate(pieces):
+        held[owner] += len(range(position, table.vocabulary_size, k))
+        per_shard[owner] += by_position[position]
     else:
       per_shard = np.zeros(replicas, np.int64)
       for owner, width in pieces:
@@ -204,6 +220,7 @@ def shard_stats(layer, dataset, replicas):
     lookups += per_shard
     tables[name] = {"replicated": pieces == "replicated",
                     "kind": pieces if isinstance(pieces, str) else
+                            "table_row_wise" if isinstance(pieces, tuple) else
                             ("table_wise" if len(pieces) == 1 else "column_wise"),
                     "lookups_per_shard": per_shard.tolist()}
   rows_held = [int(h) if float(h).is_integer() else float(h) for h in held]

@@ -52,9 +52,12 @@ replica's bytes with other workers' replicas go at
 `bandwidth_bytes_per_s`: row-wise and replicated tables send (N - w) /
 (N - 1) of their bytes across, a table-wise owner's requesters on other
 workers all of theirs. Each table's estimate says its cross-worker bytes.
-(No kind yet keeps a table's rows inside one worker: table-row-wise
-sharding is still to come, so the topology changes the estimates more
-than the choices.)
+Knowing the workers, the planner also tries table-row-wise layouts:
+
+- table_row_wise over a worker's w replicas: row i on the (i % w)-th;
+  every replica sends each of them 1/w of its U ids; each holds V D / w.
+  Against row-wise, only w replicas pay the table's fixed cost and serve
+  it; against table-wise, w replicas share its traffic.
 
 Each table (or column slice) a replica holds costs it a fixed
 `CostModel.table_overhead_s` per step (its gather and apply ops): what

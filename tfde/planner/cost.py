@@ -305,6 +305,36 @@ def _slice_load(stats, n, owner, width, group_key, per_worker=None):
   return load
 
 
+def _row_split_load(stats, n, owners, per_worker=None):
+  """The load of a table whose rows are spread over `owners` (row i on
+  owners[i % k]): each replica sends each owner but itself 1/k of its
+  unique ids and gets their rows back."""
+  load = _Load(n)
+  k = len(owners)
+  u, ug = stats.unique_per_replica, stats.unique_global
+  row = stats.width * FLOAT_BYTES
+  share = u / k
+  for r in range(n):
+    for o in owners:
+      if o == r:
+        continue
+      across = _worker(r, per_worker) != _worker(o, per_worker)
+      for end in (r, o):
+        load.forward[end] += share * (ID_BYTES + row)
+        load.backward[end] += share * row
+        if across:
+          load.forward_cross[end] += share * (ID_BYTES + row)
+          load.backward_cross[end] += share * row
+      load.ids[r] += share
+  for o in owners:
+    # Serves 1/k of every replica's ids, updates 1/k of the step's rows.
+    load.compute[o] += n * share * row + ug / k * row * (1 + stats.slots) * 2
+    load.memory[o] += math.ceil(stats.rows / k) * stats.row_bytes
+    load.tables[o] += 1
+  load.sharded_groups[stats.width] += 1
+  return load
+
+
 def layout_load(stats, layout, n, per_worker=None):
   """The per replica load of one table under `layout`, on `n` replicas in
   workers of `per_worker` (None: unknown, every link alike)."""
@@ -334,6 +364,8 @@ def layout_load(stats, layout, n, per_worker=None):
     load.tables += 1
     load.replicated_groups[stats.width] += 1
     return load
+  if layout.kind == "table_row_wise":
+    return _row_split_load(stats, n, layout.owners, per_worker)
   widths = layout.column_widths or [stats.width]
   load = _Load(n)
   for owner, width in zip(layout.owners, widths):

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-KINDS = ("row_wise", "table_wise", "column_wise", "replicated")
+KINDS = ("row_wise", "table_wise", "column_wise", "replicated", "table_row_wise")
 ID_BYTES = 8
 FLOAT_BYTES = 4
 
@@ -20,10 +20,12 @@ class TableLayout:
   Attributes:
     kind: "row_wise" (rows by `id % N` on every replica), "table_wise"
       (whole on `owners[0]`), "column_wise" (slice k of width
-      `column_widths[k]` whole on `owners[k]`), or "replicated" (whole on
-      every replica).
+      `column_widths[k]` whole on `owners[k]`), "replicated" (whole on
+      every replica), or "table_row_wise" (row i on
+      `owners[i % len(owners)]`: rows spread over one worker's replicas).
     owners: the replicas holding it: every replica for row_wise and
-      replicated, one for table_wise, one per slice for column_wise.
+      replicated, one for table_wise, one per slice for column_wise, the
+      replicas its rows are spread over for table_row_wise.
     column_widths: the slices' widths (column_wise only), summing to the
       table's width.
     estimate: the planner's figures for the table (bytes per replica,
@@ -42,6 +44,9 @@ class TableLayout:
     self.owners = [int(o) for o in self.owners]
     if not self.owners or any(o < 0 for o in self.owners):
       raise ValueError(f"TableLayout.owners must be replicas (ints >= 0), got "
+                       f"{self.owners}")
+    if self.kind == "table_row_wise" and len(set(self.owners)) != len(self.owners):
+      raise ValueError(f"a table_row_wise layout's owners must be distinct, got "
                        f"{self.owners}")
     if self.kind == "table_wise" and len(self.owners) != 1:
       raise ValueError(f"a table_wise layout has one owner, got {self.owners}")

@@ -10,7 +10,7 @@ from tfde.planner.layout import ShardingPlan, TableLayout
 from tfde.planner.cost import CostModel, _Load, _table_configs, layout_load, table_stats
 
 
-def _candidates(stats, config, n, load, cost):
+def _candidates(stats, config, n, load, cost, per_worker=None):
   """The layouts considered for a table."""
   everyone = list(range(n))
   if config.placement == "default_device" and not config.is_dynamic:
@@ -26,6 +26,14 @@ def _candidates(stats, config, n, load, cost):
   # Replicas of equal load are interchangeable owners: the least loaded
   # few are enough (and keep planning for 1,024 replicas fast).
   options += [TableLayout("table_wise", [r]) for r in order[:TABLE_WISE_OWNERS_TRIED]]
+  if not config.is_dynamic and per_worker is not None and 1 < per_worker < n:
+    # Rows spread over one worker's replicas: their traffic stays inside it
+    # (the least loaded workers first).
+    workers = np.argsort(load.replica_seconds(cost).reshape(-1, per_worker).sum(1),
+                         kind="stable")
+    options += [TableLayout("table_row_wise",
+                            list(range(w * per_worker, (w + 1) * per_worker)))
+                for w in workers[:TABLE_WISE_OWNERS_TRIED]]
   if not config.is_dynamic and config.max_norm is None and config.dtype == "float32":
     k = 2
     while k <= n and stats.width // k >= cost.min_column_width:
@@ -94,7 +102,8 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
   for name in order:
     reserve -= least[name]
     best, best_reserved, shortfall = None, None, None
-    for option in _candidates(stats[name], configs[name], num_replicas, load, cost):
+    for option in _candidates(stats[name], configs[name], num_replicas, load, cost,
+                              replicas_per_worker):
       delta = layout_load(stats[name], option, num_replicas, replicas_per_worker)
       over = load.memory + delta.memory - budget
       if over.max() > 0:
@@ -155,7 +164,7 @@ def _improve(layouts, load, stats, configs, n, budget, cost, order, per_worker=N
       trial = load.copy()
       trial.add(delta)
       best, best_seconds = None, trial.seconds(cost) * (1 - MARGIN)
-      for option in _candidates(stats[name], configs[name], n, load, cost):
+      for option in _candidates(stats[name], configs[name], n, load, cost, per_worker):
         option_delta = layout_load(stats[name], option, n, per_worker)
         if (load.memory + option_delta.memory).max() > budget:
           continue
@@ -171,7 +180,10 @@ def _improve(layouts, load, stats, configs, n, budget, cost, order, per_worker=N
     if not moved:
       break
   uniform = []
-  for kind in ("row_wise", "table_wise", "replicated"):
+  kinds = ["row_wise", "table_wise", "replicated"]
+  if per_worker is not None and 1 < per_worker < n:
+    kinds.append("table_row_wise")
+  for kind in kinds:
     other, other_load = _uniform(stats, configs, n, kind, cost, order, per_worker)
     if other is not None and other_load.memory.max() <= budget:
       uniform.append((other_load.seconds(cost), other, other_load))
@@ -184,12 +196,20 @@ def _improve(layouts, load, stats, configs, n, budget, cost, order, per_worker=N
 
 def _uniform(stats, configs, n, kind, cost, order, per_worker=None):
   """Every table of `kind` (table-wise: each on the least loaded replica
-  so far, largest first), or None where a table cannot take it."""
+  so far, largest first; table-row-wise: each over the least loaded
+  worker's replicas), or None where a table cannot take it."""
   load, layouts = _Load(n), {}
   for name in order:
-    if kind == "replicated" and configs is not None and configs[name].is_dynamic:
+    if kind in ("replicated", "table_row_wise") and configs is not None and (
+        configs[name].is_dynamic):
       return None, None
-    if kind == "table_wise":
+    if kind == "table_row_wise":
+      # Each table over the replicas of the least loaded worker so far.
+      worker = int(np.argmin(load.replica_seconds(cost).reshape(-1, per_worker).sum(1) +
+                             1e-12 * np.arange(n // per_worker)))
+      layout = TableLayout("table_row_wise",
+                           list(range(worker * per_worker, (worker + 1) * per_worker)))
+    elif kind == "table_wise":
       owner = int(np.argmin(load.replica_seconds(cost) + 1e-12 * np.arange(n)))
       layout = TableLayout("table_wise", [owner])
     else:
@@ -227,9 +247,14 @@ def _replica_estimate(load, cost):
 
 def simple_plan(feature_configs, num_replicas, kind, sample_inputs=None,
                 batch_size=None, cost_model=None, replicas_per_worker=None):
-  """Every table row-wise, replicated or table-wise (each on the least
-  loaded replica so far, largest first), with the same estimates as
-  `plan`: the baselines a plan is compared with."""
+  """Every table row-wise, replicated, table-wise (each on the least
+  loaded replica so far, largest first) or table-row-wise (each over the
+  least loaded worker's replicas; needs `replicas_per_worker`), with the
+  same estimates as `plan`: the baselines a plan is compared with."""
+  if kind == "table_row_wise" and not (
+      replicas_per_worker and num_replicas % replicas_per_worker == 0):
+    raise ValueError("a table_row_wise plan needs replicas_per_worker dividing "
+                     f"num_replicas, got {replicas_per_worker} for {num_replicas}")
   cost = cost_model or CostModel()
   stats = table_stats(feature_configs, num_replicas, sample_inputs, batch_size)
   order = sorted(stats, key=lambda t: (-stats[t].rows * stats[t].row_bytes, t))

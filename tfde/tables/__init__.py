@@ -11,6 +11,8 @@
 - `dynamic.py`: hash tables that grow, with admission and eviction;
 - `table_wise.py`: a whole table (static or dynamic) on one replica;
 - `column_wise.py`: a static table's width in slices on several replicas;
+- `table_row_wise.py`: a static table's rows spread over a few replicas
+  (one worker's);
 - `tpu.py`: under TPUStrategy, TensorFlow's TPU embedding engine holds the
   tables (`TPUTable`, made by `ShardedLookup` with its `TPUEngine`);
 - `graph_saving.py`: whole tables in TF1 savers (estimator checkpoints).
@@ -27,10 +29,11 @@ from tfde.tables.dynamic import DynamicTable
 from tfde.tables.sharded import ShardedTable
 from tfde.tables.table_wise import DynamicTableWiseTable, TableWiseTable
 from tfde.tables.column_wise import ColumnWiseTable
+from tfde.tables.table_row_wise import TableRowWiseTable
 from tfde.tables.tpu import TPUTable
 
 # The sharding kinds a layout (`tfde.planner.TableLayout`) may name.
-KINDS = ("row_wise", "table_wise", "column_wise", "replicated")
+KINDS = ("row_wise", "table_wise", "column_wise", "replicated", "table_row_wise")
 
 
 def make_table(config, communicator=None, auto_replicate_bytes=None, layout=None,
@@ -70,6 +73,8 @@ def _make_laid_out(config, communicator, layout):
   if kind == "table_wise":
     cls = DynamicTableWiseTable if config.is_dynamic else TableWiseTable
     return cls(config, layout.owners[0], communicator)
+  if kind == "table_row_wise":
+    return TableRowWiseTable(config, layout.owners, communicator)
   return ColumnWiseTable(config, layout.owners, layout.column_widths, communicator)
 
 
