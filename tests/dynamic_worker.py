@@ -23,8 +23,13 @@ def main():
 
   configs = d.feature_configs(d.table_config(args.optimizer, admit_after=2,
                                              evict_after_steps=4))
+  plan = None
+  if args.layouts is not None:  # the table whole on the last worker
+    assert args.layouts == "table_wise", args.layouts
+    plan = tfde.planner.ShardingPlan(num_replicas=num_replicas, tables={
+        "users": tfde.planner.TableLayout("table_wise", [num_replicas - 1])})
   with strategy.scope():
-    lookup = tfde.lookup.ShardedLookup(configs)
+    lookup = tfde.lookup.ShardedLookup(configs, plan=plan)
   assert lookup.comm.num_replicas == num_replicas
 
   def replica_step(inputs, weights, targets):

@@ -50,6 +50,11 @@ def main():
     return outputs
 
   step = w.distributed_step(strategy, replica_step)
+  beside = None
+  if args.beside_row_wise:
+    with strategy.scope():
+      beside = h.sharded_lookup(h.feature_configs(args.optimizer, variant))
+    beside_step = w.harness_training_step(strategy, beside)
   manager, start = w.checkpointing(
       args, lookup, rank, lambda lk: int(next(iter(lk.tables.values())).steps[rank].numpy()))
   deltas = w.delta_checkpointing(args, lookup, rank)
@@ -64,6 +69,10 @@ def main():
     outputs = w.run_step(step, strategy, args.mode,
                          lambda r, batch=batch: h.replica_inputs(batch, r, num_replicas),
                          rank, num_replicas)
+    if beside is not None:
+      w.run_step(beside_step, strategy, args.mode,
+                 lambda r, batch=batch: h.replica_inputs(batch, r, num_replicas),
+                 rank, num_replicas)
     if first is None:
       first = {f: outputs[f].numpy() for f in h.FEATURES}
     if manager is not None:
@@ -77,6 +86,8 @@ def main():
   result.update({f"final/{n}": t.shards[rank].numpy() if plan is None else t.full_table()
                  for n, t in lookup.tables.items()})
   result.update({f"output/{f}": v for f, v in first.items()})
+  if beside is not None:
+    result.update({f"beside_final/{n}": t.full_table() for n, t in beside.tables.items()})
   result["bytes_sent"] = np.array(lookup.comm.bytes_sent())
   result["backend"] = np.array(tfde.ops.current_backend())
   result["tf_version"] = np.array(tf.__version__)

@@ -142,6 +142,12 @@ def _check_against_reference(out_dir, optimizer, batches,
     np.testing.assert_allclose(final[n], want_tables[n], rtol=1e-5, atol=1e-6,
                                err_msg=f"table {n}")
     assert not np.allclose(final[n], initial[n])
+    # A second lookup trained beside it (--beside-row-wise), from the same
+    # initial tables (a function of seed and row only), on the same data.
+    for r in results:
+      if f"beside_final/{n}" in r.files:
+        np.testing.assert_allclose(r[f"beside_final/{n}"], want_tables[n], rtol=1e-5,
+                                   atol=1e-6, err_msg=f"beside: table {n}")
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
@@ -156,8 +162,11 @@ def test_multi_worker_mirrored_two_processes_under_a_plan(tmp_path, layouts, opt
   with B whole on worker 0. The first step's
   outputs and 10 steps' tables equal the numpy reference."""
   batches_path, batches = _write_batches(str(tmp_path), optimizer)
+  # The mixed run trains a row-wise lookup beside (two traced steps whose
+  # collectives interleave, as a train and an eval step do).
   commands, envs = _mwms_commands(tmp_path, optimizer, batches_path,
-                                  ["--layouts", layouts])
+                                  ["--layouts", layouts] +
+                                  (["--beside-row-wise"] if layouts == "mixed" else []))
   procs, outputs = _run_group(commands, envs, cwd=REPO)
   for p, out in zip(procs, outputs):
     assert p.returncode == 0, out[-3000:]
@@ -405,6 +414,22 @@ def _check_dynamic(out_dir, optimizer, batches, first_step=0):
     np.testing.assert_allclose(r["table/table"], [oracle.rows[k]["w"] for k in ids],
                                rtol=2e-5, atol=2e-6)
   assert oracle.pending and len(ids) > 5
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_dynamic_table_wise_table_under_multi_worker_mirrored(tmp_path):
+  """A dynamic table whole on worker 1 (table-wise; column-wise and
+  replicated do not apply to dynamic tables): worker 0 sends it every id,
+  and both workers' outputs and the gathered table equal the dict oracle
+  (admission after 2 sightings, eviction after 4 unseen steps, FTRL)."""
+  batches_path, batches = _dynamic_batches(str(tmp_path))
+  commands, envs = _worker_group(["-m", "tests.dynamic_worker", "--mode", "mwms",
+                                  "--optimizer", "ftrl", "--batches", batches_path,
+                                  "--out", str(tmp_path), "--layouts", "table_wise"])
+  procs, outputs = _run_group(commands, envs, cwd=REPO)
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0, out[-3000:]
+  _check_dynamic(str(tmp_path), "ftrl", batches)
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)

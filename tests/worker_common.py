@@ -37,6 +37,10 @@ def parser(description):
                                       "mixed"],
                  help="lay the tables out by this plan of the harness's "
                  "(sharded_harness.layouts) instead of row-wise")
+  p.add_argument("--beside-row-wise", action="store_true",
+                 help="also train a second, row-wise lookup of the same tables "
+                 "in its own tf.function, step for step (its collectives "
+                 "interleave with the first's)")
   p.add_argument("--out-of-step-at", type=int, default=-1,
                  help="before this (0-based) step, worker 1 counts one step "
                       "more, as a worker that went on after a failed step")

@@ -25,10 +25,13 @@ Each communicator counts the bytes its process sends to other replicas
 """
 
 import abc
+import contextlib
 import dataclasses
 import itertools
 import sys
+import threading
 import weakref
+import zlib
 
 import tensorflow as tf
 from tensorflow.python.distribute import values as distribute_values
@@ -66,8 +69,25 @@ def local_variable(initial_value, name, trainable=False, device=None):
         initial_value, name=name, trainable=trainable)
 
 
+_key_spaces = threading.local()
+
+
+@contextlib.contextmanager
+def key_space(name):
+  """Names the collectives made inside (a lookup's, forward and backward):
+  the k-th collective of one lookup's traced step and of another's, which
+  may send other shapes, then differ (`_CallSiteCounter`)."""
+  previous = getattr(_key_spaces, "name", "")
+  _key_spaces.name = name
+  try:
+    yield
+  finally:
+    _key_spaces.name = previous
+
+
 class _CallSiteCounter:
-  """Numbers the collectives of one traced function in call order.
+  """Names the collectives of one traced function in call order, per key
+  space (`key_space`): "lookup3_5" is lookup 3's sixth.
 
   Workers must agree on which collective is which. A counter kept across
   traces would not do: a worker retraces when its own input shapes change
@@ -79,15 +99,21 @@ class _CallSiteCounter:
 
   def __init__(self):
     self._per_graph = weakref.WeakKeyDictionary()
-    self._eager = itertools.count()
+    self._eager = {}
 
   def next(self):
+    space = getattr(_key_spaces, "name", "")
     if tf.executing_eagerly():
-      return next(self._eager)
-    graph = tf.compat.v1.get_default_graph()
-    if graph not in self._per_graph:
-      self._per_graph[graph] = itertools.count()
-    return next(self._per_graph[graph])
+      counters = self._eager
+    else:
+      graph = tf.compat.v1.get_default_graph()
+      if graph not in self._per_graph:
+        self._per_graph[graph] = {}
+      counters = self._per_graph[graph]
+    if space not in counters:
+      counters[space] = itertools.count()
+    number = next(counters[space])
+    return f"{space}_{number}" if space else str(number)
 
 
 def _row_bytes(data):
@@ -334,7 +360,13 @@ class MultiWorkerCommunicator(Communicator):
   collective instance key at its first use, so the padded size is rounded
   up to one of a few geometric buckets (steps of 2^(1/4), at most 19%
   padding) and the bucket picks the instance key: each key always carries
-  one shape, and the set of keys stays small.
+  one shape, and the set of keys stays small. For the same reason a key
+  names what its call site sends besides its place in the traced function:
+  the k-th collective of two functions (a train and an eval step, two
+  lookups) may send other shapes. What a worker knows of a shape
+  statically may differ from another's (a width known here, unknown
+  there), so the key takes the lookup (`key_space`), the dtype and the
+  rank, which every worker knows alike.
   """
 
   # Collective keys of our own, far from the strategy's (which count up
@@ -342,6 +374,10 @@ class MultiWorkerCommunicator(Communicator):
   _GROUP_KEY = 0x7DE00
   _INSTANCE_KEY_BASE = 0x7DE0000
   _BUCKETS_PER_CALL_SITE = 128
+  # Call sites hash into this many key ranges, alike on every worker
+  # whatever order they trace in. Two of 100 call sites share one with
+  # probability about 6e-4, which breaks only if they send other shapes.
+  _KEY_SLOTS = 2**23
 
   def __init__(self, strategy):
     super().__init__(strategy.num_replicas_in_sync)
@@ -368,14 +404,17 @@ class MultiWorkerCommunicator(Communicator):
   def replica_id(self):
     return _static_replica_id()
 
-  def _instance_key(self, bucket=0):
-    site = self._call_sites.next() * self._BUCKETS_PER_CALL_SITE
-    return self._INSTANCE_KEY_BASE + site + bucket
+  def _instance_key(self, sends, bucket=0):
+    """The key of the next call site, which `sends` (a tensor: its dtype
+    and rank; the size of its chunks picks the bucket)."""
+    site = f"{self._call_sites.next()}:{sends.dtype.name}:{sends.shape.rank}"
+    slot = zlib.crc32(site.encode()) % self._KEY_SLOTS
+    return self._INSTANCE_KEY_BASE + slot * self._BUCKETS_PER_CALL_SITE + bucket
 
   def _exchange_counts(self, payload):
     matrix = collective_ops.all_gather_v2(
         payload[None], group_size=self.num_replicas,
-        group_key=self._GROUP_KEY, instance_key=self._instance_key())
+        group_key=self._GROUP_KEY, instance_key=self._instance_key(payload[None]))
     received = matrix[:, self.replica_id()]
     counts = matrix if payload.shape.rank == 1 else matrix[..., 0]  # stamps aside
     return received, tf.reduce_max(counts)
@@ -409,7 +448,7 @@ class MultiWorkerCommunicator(Communicator):
     with tf.control_dependencies([counted]):
       received = collective_ops.all_to_all_v2(
           padded, group_size=n, group_key=self._GROUP_KEY,
-          instance_key=self._instance_key(bucket))
+          instance_key=self._instance_key(padded, bucket))
     keep = tf.reshape(tf.sequence_mask(plan.recv_counts, chunk), [-1])
     flat = tf.reshape(received, tf.concat([[n * chunk], row_shape], 0))
     return tf.boolean_mask(flat, keep)

@@ -33,6 +33,7 @@ applies nothing.
 
 
 import dataclasses
+import itertools
 
 import tensorflow as tf
 from tensorflow.python.eager import record
@@ -78,6 +79,10 @@ def same_table(a, b):
     return (c.name, c.vocabulary_size, c.embedding_dim, c.placement,
             c.optimizer.get_config(), c.seed)
   return key(a) == key(b)
+
+
+# Numbers the lookups a process builds, in order (`ShardedLookup._key_space`).
+_LOOKUP_NUMBERS = itertools.count()
 
 
 class ShardedLookup(tf.Module):
@@ -133,6 +138,9 @@ class ShardedLookup(tf.Module):
       self._init_tpu_engine(feature_configs, table_stacking, strategy, update_trigger)
       return
     self.comm = comm_lib.current()
+    # Names this lookup's collectives apart from other lookups' (workers
+    # build their lookups in the same order).
+    self._key_space = f"lookup{next(_LOOKUP_NUMBERS)}"
     self.tables = dict(tables or {})
     for feature in feature_configs:
       cfg = feature.table
@@ -306,12 +314,14 @@ class ShardedLookup(tf.Module):
         for step in steps:
           grads.append(list(output_grads[start:start + len(step.features)]))
           start += len(step.features)
-        return self._backward(steps, grads, trigger_value, variables or [],
-                              [p[4] for p in prepared])
+        with comm_lib.key_space(self._key_space):
+          return self._backward(steps, grads, trigger_value, variables or [],
+                                [p[4] for p in prepared])
 
       return outputs, grad_fn
 
-    with tables_lib.graph_saving.custom_gradients_see_rank_local_variables():
+    with tables_lib.graph_saving.custom_gradients_see_rank_local_variables(), \
+        comm_lib.key_space(self._key_space):
       return lookup(trigger, *[p[1][i].weights for p in prepared for i in p[4]])
 
   def _input_dist(self, group, features, combiners, fused_ids):
