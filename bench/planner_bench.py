@@ -9,6 +9,10 @@ log-uniform from 100 to `--max-rows` (default 200,000), widths 8 to 64,
 1 to 30 ids per sample (ragged, Zipf(1.1) ids scattered over the
 vocabulary), Adagrad, sum combiner; global batch 1024.
 
+`--workers 2` also runs 2 replicas as 2 worker processes
+(MultiWorkerMirroredStrategy over 127.0.0.1, one replica each, this
+script started once per worker), the same layouts timed the same way.
+
 Reports per N and layout: training step time (median of `--reps`, the layouts' steps timed in turns), bytes
 sent to other replicas per step (the communicator's count), rows + slots
 held per replica (max and balance = max / mean), the planner's estimated
@@ -88,9 +92,10 @@ def held_bytes(lookup, n):
   return held
 
 
-def build(n, configs, ids, plan):
-  """(lookup, step function, its distributed inputs) for one layout."""
-  strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+def build(n, configs, ids, plan, strategy=None):
+  """(lookup, step function, its distributed inputs) for one layout; by
+  default on n logical CPUs of this process."""
+  strategy = strategy or tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
   with strategy.scope():
     lookup = tfde.lookup.ShardedLookup(configs, plan=plan)
   per = replica_batches(ids, n)
@@ -109,11 +114,11 @@ def build(n, configs, ids, plan):
   return lookup, step, inputs
 
 
-def run_all(n, configs, ids, layouts, reps):
+def run_all(n, configs, ids, layouts, reps, strategy=None):
   """Every layout's figures; the steps are timed in turns (one step of
   each layout per round), so a load change on this shared machine hits
   every layout alike."""
-  built = {name: build(n, configs, ids, plan) for name, plan in layouts.items()}
+  built = {name: build(n, configs, ids, plan, strategy) for name, plan in layouts.items()}
   results = {}
   for name, (lookup, step, inputs) in built.items():
     step(inputs)
@@ -124,7 +129,8 @@ def run_all(n, configs, ids, layouts, reps):
     for layout in layouts[name].tables.values():
       kinds[layout.kind] = kinds.get(layout.kind, 0) + 1
     results[name] = dict(
-        bytes_sent=int(lookup.comm.bytes_sent()), held_max=int(held.max()),
+        bytes_sent=int(lookup.comm.bytes_sent()), held=held.tolist(),
+        held_max=int(held.max()),
         held_balance=planner.balance(held),
         estimated_ms=layouts[name].estimated_step_seconds * 1e3, kinds=kinds,
         groups=len(lookup._groups), times=[])  # pylint: disable=protected-access
@@ -161,11 +167,11 @@ def plot(results, path):
     print("matplotlib missing: no plot")
     return
   fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-  ns = sorted({r["n"] for r in results})
+  ns = list(dict.fromkeys(r["setting"] for r in results))
   names = list(dict.fromkeys(r["layout"] for r in results))
   width = 0.8 / len(names)
   for k, name in enumerate(names):
-    rows = {r["n"]: r for r in results if r["layout"] == name}
+    rows = {r["setting"]: r for r in results if r["layout"] == name}
     xs = [i + k * width for i, n in enumerate(ns) if n in rows]
     for ax, key, scale in ((axes[0], "ms", 1), (axes[1], "bytes_sent", 1e-6),
                            (axes[2], "held_max", 2**-20)):
@@ -174,7 +180,7 @@ def plot(results, path):
                           (axes[1], "bytes sent to other replicas per step", "MB"),
                           (axes[2], "rows + slots held, fullest replica", "MiB")):
     ax.set(title=title, ylabel=unit, xticks=[i + 0.4 - width / 2 for i in range(len(ns))],
-           xticklabels=[f"{n} replicas" for n in ns])
+           xticklabels=ns)
   axes[0].legend()
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -191,7 +197,13 @@ def main():
   parser.add_argument("--memory-per-replica", type=int, default=None,
                       help="bytes per replica for the planner (default: none)")
   parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--workers", type=int, choices=[0, 2], default=0,
+                      help="also run 2 replicas as 2 worker processes")
+  parser.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+  parser.add_argument("--worker-out", help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.worker_index is not None:
+    return worker_main(args)
   if args.quick:
     args.tables, args.max_rows, args.reps = 16, 20_000, 7
   configs, ids = workload(args.tables, args.max_rows)
@@ -206,16 +218,76 @@ def main():
   for n in args.replicas:
     for name, r in run_all(n, configs, ids, plans(configs, ids, n, args.memory_per_replica),
                            args.reps).items():
-      r.update(n=n, layout=name)
+      r.update(n=n, layout=name, setting=f"{n} replicas")
       results.append(r)
-      print(f"N={n} {name:<15} step {r['ms']:8.1f} ms  sent {r['bytes_sent'] / 1e6:7.2f} MB"
-            f"  held max {r['held_max'] / 2**20:7.1f} MiB (balance {r['held_balance']:.2f})"
-            f"  est. {r['estimated_ms']:.2f} ms  groups {r['groups']}  {r['kinds']}",
-            flush=True)
+      report(r)
+  if args.workers:
+    for r in run_workers(args):
+      results.append(r)
+      report(r)
   os.makedirs(RESULTS, exist_ok=True)
   with open(os.path.join(RESULTS, "planner_bench.json"), "w") as f:
     json.dump(results, f, indent=1)
   plot(results, os.path.join(RESULTS, "planner_bench.png"))
+
+
+def report(r):
+  print(f"{r['setting']:<18} {r['layout']:<15} step {r['ms']:8.1f} ms  "
+        f"sent {r['bytes_sent'] / 1e6:7.2f} MB"
+        f"  held max {r['held_max'] / 2**20:7.1f} MiB (balance {r['held_balance']:.2f})"
+        f"  est. {r['estimated_ms']:.2f} ms  groups {r['groups']}  {r['kinds']}",
+        flush=True)
+
+
+def run_workers(args):
+  """This script once per worker (TF_CONFIG on 127.0.0.1): worker 0's
+  times, and the bytes sent and held of every worker together."""
+  import socket  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  sockets = [socket.socket() for _ in range(args.workers)]
+  for sock in sockets:
+    sock.bind(("127.0.0.1", 0))
+  cluster = {"worker": [f"127.0.0.1:{sock.getsockname()[1]}" for sock in sockets]}
+  for sock in sockets:
+    sock.close()
+  out = tempfile.mkdtemp()
+  argv = [sys.executable, os.path.abspath(__file__), "--tables", str(args.tables),
+          "--max-rows", str(args.max_rows), "--reps", str(args.reps), "--worker-out", out]
+  if args.memory_per_replica:
+    argv += ["--memory-per-replica", str(args.memory_per_replica)]
+  procs = [subprocess.Popen(argv + ["--worker-index", str(i)], env=dict(
+      os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {
+          "type": "worker", "index": i}}))) for i in range(args.workers)]
+  codes = [p.wait(timeout=3600) for p in procs]
+  if any(codes):
+    raise SystemExit(f"a worker failed: exit codes {codes}")
+  per_worker = []
+  for i in range(args.workers):
+    with open(os.path.join(out, f"worker_{i}.json")) as f:
+      per_worker.append(json.load(f))
+  results = per_worker[0]
+  for k, r in enumerate(results):
+    # Each worker counted its own replica's bytes and rows.
+    held = np.sum([w[k]["held"] for w in per_worker], axis=0)
+    r.update(held=held.tolist(), held_max=int(held.max()),
+             held_balance=planner.balance(held),
+             bytes_sent=int(sum(w[k]["bytes_sent"] for w in per_worker)))
+  return results
+
+
+def worker_main(args):
+  """One worker of `--workers`: the layouts for 2 replicas, one here."""
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  n = strategy.num_replicas_in_sync
+  configs, ids = workload(args.tables, args.max_rows)
+  results = []
+  for name, r in run_all(n, configs, ids, plans(configs, ids, n, args.memory_per_replica),
+                         args.reps, strategy).items():
+    r.update(n=n, layout=name, setting=f"{n} worker processes")
+    results.append(r)
+  with open(os.path.join(args.worker_out, f"worker_{args.worker_index}.json"), "w") as f:
+    json.dump(results, f)
 
 
 if __name__ == "__main__":
