@@ -232,7 +232,7 @@ bench: ops peers-env
 # replicated layouts: many tables of mixed sizes on 2 and 4 logical CPUs
 # (a few minutes; `PLANNER_BENCH_ARGS=--quick` for one).
 planner-bench: ops
-	$(PY) bench/planner_bench.py $(PLANNER_BENCH_ARGS)
+	$(PY) bench/planner_bench.py --workers 2 $(PLANNER_BENCH_ARGS)
 
 # Delta checkpoints against full ones on a 10M-row table as the touched
 # fraction grows (a few minutes, about 3 GB of memory and 1.5 GB of disk;
