@@ -23,12 +23,12 @@ whole to one owner: `DynamicTableWiseTable`).
 
 import tensorflow as tf
 
-from tfde import comm as comm_lib
 from tfde import initializers
 from tfde import ops
 from tfde import sharding
 from tfde.tables import base
 from tfde.tables import sharded
+from tfde.tables import table_wise
 
 
 def check_owners(config, owners, communicator):
@@ -40,7 +40,7 @@ def check_owners(config, owners, communicator):
                      f"in [0, {n}), got {owners!r}")
 
 
-class TableRowWiseTable(sharded.ShardedTable):
+class TableRowWiseTable(table_wise.OwnedRows, sharded.ShardedTable):
   """A static table whose rows are spread over the replicas `owners`.
 
   Args:
@@ -66,19 +66,8 @@ class TableRowWiseTable(sharded.ShardedTable):
     self.num_shards = self.comm.num_replicas
     self._split = len(owners)
     self.rows_per_shard = sharding.rows_per_shard(config.vocabulary_size, self._split)
-    self.shards = {}
-    self.slots = {}
-    self.updated_at = {}
-    for replica in self.comm.local_replicas():
-      suffix = f"replica_{replica}_table_row_wise"
-      if replica in self.owner:
-        initial = initializers.shard_value(config, self._split, self.owner.index(replica))
-        self.shards[replica] = self._own(comm_lib.local_variable(
-            tf.cast(initial, config.dtype), f"{config.name}/{suffix}", trainable=True,
-            device=self.comm.replica_device(replica)), replica)
-        self.slots[replica] = self._new_slots(replica, self.optimizer)
-        self._new_updated_at(replica, suffix)
-      self._new_step_variable(replica, suffix)
+    self._make_owned_shards("table_row_wise", lambda replica: initializers.shard_value(
+        config, self._split, self.owner.index(replica)))
 
   def holds_rows(self, replica):
     return replica in self.owner
@@ -92,33 +81,6 @@ class TableRowWiseTable(sharded.ShardedTable):
       global_rows = tf.cast(indices, tf.int64) * k + position
       return ops.rounding_noise(seed, step, global_rows, self.embedding_dim)
     return noise_of
-
-  def lookup_local(self, replica, requested, counts, training):
-    if replica not in self.owner:
-      return tf.zeros([tf.size(requested), self.embedding_dim])
-    return super().lookup_local(replica, requested, counts, training)
-
-  def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
-                     finite=None):
-    if replica in self.owner:
-      return super().apply_gradient(replica, rows, grads, optimizer, grad_rows,
-                                    finite)
-    # No rows here; the step advances with the owners'.
-    def apply():
-      with tf.control_dependencies([rows]):
-        return self.steps[replica].assign_add(1)
-
-    with tf.device(self.comm.replica_device(replica)):
-      return self.guard_nonfinite(replica, finite, apply)
-
-  def gradient_variable(self, replica):
-    if replica not in self.owner:
-      raise ValueError(f"table {self.name!r} is held by replicas {list(self.owner)}; "
-                       f"replica {replica} has no variable of it")
-    return self.shards[replica]
-
-  def local_variables(self):
-    return [self.shards[r] for r in sorted(self.shards)]
 
   # ---- whole-table state: the owners' shards interleaved
 

@@ -35,7 +35,58 @@ def check_owner(config, owner, communicator):
                      f"[0, {communicator.num_replicas}), got {owner!r}")
 
 
-class TableWiseTable(sharded.ShardedTable):
+class OwnedRows:
+  """What a static table whose rows only some replicas hold does on the
+  others (`holds_rows` says which): nothing is routed there, so a lookup
+  reads zeros; an update only advances the step (the owners' step, Adam's
+  bias correction); there is no gradient variable. Mixed into
+  `TableWiseTable` and `tfde.tables.TableRowWiseTable` before
+  `ShardedTable`."""
+
+  def _make_owned_shards(self, kind, initial_of):
+    """Rows, slots and row stamps on the local replicas holding rows
+    (`initial_of(replica)`: their initial rows); a step counter on every
+    local replica."""
+    self.shards, self.slots, self.updated_at = {}, {}, {}
+    for replica in self.comm.local_replicas():
+      suffix = f"replica_{replica}_{kind}"
+      if self.holds_rows(replica):
+        self.shards[replica] = self._own(comm_lib.local_variable(
+            tf.cast(initial_of(replica), self.config.dtype), f"{self.name}/{suffix}",
+            trainable=True, device=self.comm.replica_device(replica)), replica)
+        self.slots[replica] = self._new_slots(replica, self.optimizer)
+        self._new_updated_at(replica, suffix)
+      self._new_step_variable(replica, suffix)
+
+  def lookup_local(self, replica, requested, counts, training):
+    if not self.holds_rows(replica):
+      return tf.zeros([tf.size(requested), self.embedding_dim])
+    return super().lookup_local(replica, requested, counts, training)
+
+  def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
+                     finite=None):
+    if self.holds_rows(replica):
+      return super().apply_gradient(replica, rows, grads, optimizer, grad_rows,
+                                    finite)
+    def apply():
+      with tf.control_dependencies([rows]):
+        return self.steps[replica].assign_add(1)
+
+    with tf.device(self.comm.replica_device(replica)):
+      return self.guard_nonfinite(replica, finite, apply)
+
+  def gradient_variable(self, replica):
+    if not self.holds_rows(replica):
+      holders = [r for r in range(self.comm.num_replicas) if self.holds_rows(r)]
+      raise ValueError(f"table {self.name!r} is held by replicas {holders}; "
+                       f"replica {replica} has no variable of it")
+    return self.shards[replica]
+
+  def local_variables(self):
+    return [self.shards[r] for r in sorted(self.shards)]
+
+
+class TableWiseTable(OwnedRows, sharded.ShardedTable):
   """A static table held whole by replica `owner`.
 
   Args:
@@ -59,20 +110,9 @@ class TableWiseTable(sharded.ShardedTable):
     self.replicated = False
     self.num_shards = self.comm.num_replicas
     self.rows_per_shard = config.vocabulary_size
-    self.shards = {}
-    self.slots = {}
-    self.updated_at = {}
-    for replica in self.comm.local_replicas():
-      suffix = f"replica_{replica}_table_wise"
-      if replica == owner:
-        initial = (initializers.shard_value(config, 1, 0) if initial_value is None
-                   else initial_value)
-        self.shards[replica] = self._own(comm_lib.local_variable(
-            tf.cast(initial, config.dtype), f"{config.name}/{suffix}", trainable=True,
-            device=self.comm.replica_device(replica)), replica)
-        self.slots[replica] = self._new_slots(replica, self.optimizer)
-        self._new_updated_at(replica, suffix)
-      self._new_step_variable(replica, suffix)
+    self._make_owned_shards("table_wise", lambda replica: (
+        initializers.shard_value(config, 1, 0) if initial_value is None
+        else initial_value))
 
   def holds_rows(self, replica):
     return replica == self.owner
@@ -88,33 +128,6 @@ class TableWiseTable(sharded.ShardedTable):
       return ops.rounding_noise(seed, step, tf.cast(indices, tf.int64),
                                 self.embedding_dim)
     return noise_of
-
-  def lookup_local(self, replica, requested, counts, training):
-    if replica != self.owner:
-      return tf.zeros([tf.size(requested), self.embedding_dim])
-    return super().lookup_local(replica, requested, counts, training)
-
-  def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
-                     finite=None):
-    if replica == self.owner:
-      return super().apply_gradient(replica, rows, grads, optimizer, grad_rows,
-                                     finite)
-    # No rows here; the step advances with the owner's.
-    def apply():
-      with tf.control_dependencies([rows]):
-        return self.steps[replica].assign_add(1)
-
-    with tf.device(self.comm.replica_device(replica)):
-      return self.guard_nonfinite(replica, finite, apply)
-
-  def gradient_variable(self, replica):
-    if replica != self.owner:
-      raise ValueError(f"table {self.name!r} is held whole by replica "
-                       f"{self.owner}; replica {replica} has no variable of it")
-    return self.shards[replica]
-
-  def local_variables(self):
-    return [self.shards[r] for r in sorted(self.shards)]
 
   def _gathered(self, variables_by_replica):
     # The owner's [V, D]; other replicas contribute nothing (a collective
