@@ -202,3 +202,33 @@ def test_column_wise_refuses_tables_it_cannot_slice_exactly(field, value, reason
       name="w", vocabulary_size=50_000, embedding_dim=64, **{field: value}))]
   layouts = [tfde.planner.plan(configs, 4).tables["w"].kind]
   assert "column_wise" not in layouts
+
+
+@pytest.mark.parametrize("owners", [
+    [None, None, 1], [None, None, [2, 3]], [[1, 0], None, 3, None],
+    [2, [0, 1, 2, 3], None, [3], None]])
+def test_fused_ids_give_every_row_its_own_slot(owners):
+  """FusedGroupLayout: every (table, id) of the group lands on a distinct
+  (owner, fused local row), on a replica that holds the table, inside that
+  table's rows there ([base, base + rows_per_shard)); row-wise tables
+  first, at the same bases everywhere."""
+  n = 4
+  sizes = [7, 10, 5, 9, 3][:len(owners)]
+  layout = tfde.sharding.FusedGroupLayout(sizes, n, owners=owners)
+  seen = set()
+  for t, size in enumerate(sizes):
+    fused = layout.fused_ids(t, np.arange(size, dtype=np.int64))
+    for i, f in enumerate(fused.tolist()):
+      replica, local = f % n, f // n
+      o = owners[t]
+      want = (i % n if o is None else o if isinstance(o, int) else o[i % len(o)])
+      assert replica == want, (t, i)
+      position = layout.tables_on(replica).index(t)
+      base = layout.bases_on(replica)[position]
+      assert base <= local < base + layout.rows_per_shard[t], (t, i, local)
+      assert (replica, local) not in seen, (t, i)
+      seen.add((replica, local))
+  shared = [t for t, o in enumerate(owners) if o is None]
+  for replica in range(n):
+    assert layout.tables_on(replica)[:len(shared)] == shared
+    assert layout.bases_on(replica)[:len(shared)] == layout.bases_on(0)[:len(shared)]

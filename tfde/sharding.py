@@ -80,6 +80,9 @@ class FusedGroupLayout:
   (array([3]), array([15]))
   >>> layout.tables_on(0), layout.tables_on(1), layout.bases_on(1)
   ([0], [0, 1], [0, 5])
+  >>> two_shared = FusedGroupLayout([10, 4, 5], 2, owners=[None, None, [1]])
+  >>> two_shared.id_offset(1), two_shared.bases_on(0), two_shared.bases_on(1)
+  (10, [0, 5], [0, 5, 7])
   >>> split = FusedGroupLayout([6, 5], 4, owners=[[2, 3], 3])
   >>> split.fused_ids(0, np.array([0, 1, 4, 5])).tolist()   # local rows 0, 0, 2, 2
   [2, 3, 10, 11]
@@ -114,11 +117,13 @@ class FusedGroupLayout:
       self._bases[replica] = []
       start = 0
       for t in on:
+        if owners[t] is None or isinstance(owners[t], (int, np.integer)):
+          # Row-wise tables come first, at the same bases everywhere; a
+          # table-wise table's base is its one owner's.
+          self.base[t] = start
         if owners[t] is not None:
           self._owned_base[(t, replica)] = start
-          if isinstance(owners[t], (int, np.integer)):
-            self.base[t] = start
-        self._bases[replica].append(int(self.base[t]) if owners[t] is None else start)
+        self._bases[replica].append(start)
         start += self.rows_per_shard[t]
     self.total_rows = max(
         [sum(self.rows_per_shard[t] for t in on) for on in self._on.values()] +
