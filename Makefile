@@ -116,7 +116,7 @@ test-tf215: tf215-env
 .venv-tf%/.ready:
 	$(PYTHON) -m venv .venv-tf$*
 	.venv-tf$*/bin/pip install -q --upgrade pip
-	.venv-tf$*/bin/pip install -q "tensorflow-cpu==$(TF_VERSION_$*)" numpy absl-py pyyaml h5py \
+	.venv-tf$*/bin/pip install -q "tensorflow-cpu==$(TF_VERSION_$*)" "keras==3.15.1" numpy absl-py pyyaml h5py \
 	    pytest pytest-timeout setuptools wheel
 	touch $@
 

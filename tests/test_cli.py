@@ -199,8 +199,6 @@ def test_train_job_lays_its_tables_out_by_a_plan(tmp_path, three_kinds_plan):
   assert shards["rows_held"] == [25000 + 30, 2000 + 25000 + 30]
   eval_ids = shards["tables"]["a"]["lookups_per_shard"]
   assert eval_ids[0] == 0 and eval_ids[1] > 0
-  assert shards["tables"]["b"]["lookups_per_shard"][0] == \
-      shards["tables"]["b"]["lookups_per_shard"][1] > 0
   from tfde.app import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
   _, tables = inspect_lib.read_tables(str(report / "checkpoint"))
   assert {t.name: t.rows.shape for t in tables} == {

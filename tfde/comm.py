@@ -374,9 +374,11 @@ class MultiWorkerCommunicator(Communicator):
   _GROUP_KEY = 0x7DE00
   _INSTANCE_KEY_BASE = 0x7DE0000
   _BUCKETS_PER_CALL_SITE = 128
-  # Call sites hash into this many key ranges, alike on every worker
-  # whatever order they trace in. Two of 100 call sites share one with
-  # probability about 6e-4, which breaks only if they send other shapes.
+  # Traced call sites hash into the first half of these key ranges, alike
+  # on every worker whatever order they trace in (two of 100 share one with
+  # probability about 1e-3, which breaks only if they send other shapes);
+  # eager calls, which workers make in lock step, take the second half in
+  # turn.
   _KEY_SLOTS = 2**23
 
   def __init__(self, strategy):
@@ -387,6 +389,7 @@ class MultiWorkerCommunicator(Communicator):
     self._task_id = resolver.task_id if resolver.task_id is not None else 0
     self._local_count = len(self._devices)
     self._call_sites = _CallSiteCounter()
+    self._eager_sites = itertools.count()
 
   def gather_replica_values(self, values_by_replica):
     per_replica = self._strategy.experimental_distribute_values_from_function(
@@ -407,8 +410,12 @@ class MultiWorkerCommunicator(Communicator):
   def _instance_key(self, sends, bucket=0):
     """The key of the next call site, which `sends` (a tensor: its dtype
     and rank; the size of its chunks picks the bucket)."""
-    site = f"{self._call_sites.next()}:{sends.dtype.name}:{sends.shape.rank}"
-    slot = zlib.crc32(site.encode()) % self._KEY_SLOTS
+    half = self._KEY_SLOTS // 2
+    if tf.executing_eagerly():
+      slot = half + next(self._eager_sites) % half
+    else:
+      site = f"{self._call_sites.next()}:{sends.dtype.name}:{sends.shape.rank}"
+      slot = zlib.crc32(site.encode()) % half
     return self._INSTANCE_KEY_BASE + slot * self._BUCKETS_PER_CALL_SITE + bucket
 
   def _exchange_counts(self, payload):

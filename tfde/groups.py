@@ -97,8 +97,9 @@ class TableGroup:
 
 class StaticGroup(TableGroup):
   """Static tables of one width: ids offset into one fused row space.
-  Row-wise tables and table-wise ones (each whole on its owner, column
-  slices included) share it (`sharding.FusedGroupLayout`)."""
+  Row-wise tables, table-wise ones (each whole on its owner, column
+  slices included) and table-row-wise ones (rows over a few owners) share
+  it (`sharding.FusedGroupLayout`)."""
 
   fuses_local = True
 

@@ -40,11 +40,9 @@ def exchange_statistics(dataset, tables, batch_size, replicas):
         moved.append(0)
       elif pieces == "replicated":
         moved.append(int(sum(u.size for u in unique) * (replicas - 1) * (8 + 4 * dim)))
-      elif pieces == "row_wise":
-        remote = sum(int((u % replicas != r).sum()) for r, u in enumerate(unique))
-        moved.append(remote * (8 + 8 * dim))
-      elif isinstance(pieces, tuple):  # rows spread over some replicas
-        owners = np.asarray(pieces)
+      elif pieces == "row_wise" or isinstance(pieces, tuple):
+        # Row id on owners[id % k]: row-wise, every replica in order.
+        owners = np.asarray(range(replicas) if pieces == "row_wise" else pieces)
         remote = sum(int((owners[u % len(owners)] != r).sum())
                      for r, u in enumerate(unique))
         moved.append(remote * (8 + 8 * dim))
@@ -202,14 +200,13 @@ def shard_stats(layer, dataset, replicas):
     if pieces == "replicated":
       held += table.vocabulary_size
       per_shard = np.full(replicas, len(values) // replicas)
-    elif pieces == "row_wise":
-      held += [len(range(r, table.vocabulary_size, replicas)) for r in range(replicas)]
-      per_shard = np.bincount(values % replicas, minlength=replicas)
-    elif isinstance(pieces, tuple):
-      k = len(pieces)
+    elif pieces == "row_wise" or isinstance(pieces, tuple):
+      # Row id on owners[id % k]: row-wise, every replica in order.
+      owners = tuple(range(replicas)) if pieces == "row_wise" else pieces
+      k = len(owners)
       per_shard = np.zeros(replicas, np.int64)
       by_position = np.bincount(values % k, minlength=k)
-      for position, owner in enumerate(pieces):
+      for position, owner in enumerate(owners):
         held[owner] += len(range(position, table.vocabulary_size, k))
         per_shard[owner] += by_position[position]
     else:

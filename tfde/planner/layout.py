@@ -77,7 +77,9 @@ class ShardingPlan:
     tables: table name -> `TableLayout`.
     memory_per_replica_bytes: the memory budget it was planned under
       (None: unlimited).
-    replicas_per_worker: replicas per worker process (for reports).
+    replicas_per_worker: replicas per worker process: the cost model
+      prices bytes between workers apart, and table-row-wise layouts are
+      tried (None: unknown).
     estimated_step_seconds: the cost model's estimate of a step.
     per_replica: per replica estimates (bytes held, bytes exchanged, rows
       touched), lists indexed by replica, for reports.
@@ -131,7 +133,7 @@ class ShardingPlan:
                 if self.memory_per_replica_bytes else "")
              + (f"; estimated step {self.estimated_step_seconds * 1e3:.3f} ms"
                 if self.estimated_step_seconds is not None else "")]
-    header = (f"{'table':<20} {'kind':<12} {'rows x width':>16} {'owners':<16} "
+    header = (f"{'table':<20} {'kind':<14} {'rows x width':>16} {'owners':<16} "
               f"{'bytes/replica (max)':>20} {'ids/step':>10} {'bytes/step':>11}")
     lines += ["", header, "-" * len(header)]
     for name, layout in self.tables.items():
@@ -142,7 +144,7 @@ class ShardingPlan:
         owners += " w" + "/".join(map(str, layout.column_widths))
       shape = f"{e.get('rows', '?')} x {e.get('width', '?')}"
       held = max(e.get("bytes_per_replica", [0]))
-      lines.append(f"{name:<20} {layout.kind:<12} {shape:>16} {owners:<16} "
+      lines.append(f"{name:<20} {layout.kind:<14} {shape:>16} {owners:<16} "
                    f"{_human(held):>20} {e.get('ids_exchanged_per_step', 0):>10} "
                    f"{_human(e.get('bytes_exchanged_per_step', 0)):>11}")
     kinds = {}

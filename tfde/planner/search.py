@@ -29,10 +29,8 @@ def _candidates(stats, config, n, load, cost, per_worker=None):
   if not config.is_dynamic and per_worker is not None and 1 < per_worker < n:
     # Rows spread over one worker's replicas: their traffic stays inside it
     # (the least loaded workers first).
-    workers = np.argsort(load.replica_seconds(cost).reshape(-1, per_worker).sum(1),
-                         kind="stable")
-    options += [TableLayout("table_row_wise",
-                            list(range(w * per_worker, (w + 1) * per_worker)))
+    workers = np.argsort(_worker_loads(load, cost, per_worker), kind="stable")
+    options += [TableLayout("table_row_wise", _worker_replicas(int(w), per_worker))
                 for w in workers[:TABLE_WISE_OWNERS_TRIED]]
   if not config.is_dynamic and config.max_norm is None and config.dtype == "float32":
     k = 2
@@ -44,6 +42,23 @@ def _candidates(stats, config, n, load, cost, per_worker=None):
 
 
 TABLE_WISE_OWNERS_TRIED = 4
+
+
+def _check_workers(num_replicas, replicas_per_worker):
+  if replicas_per_worker is not None and (
+      not isinstance(replicas_per_worker, int) or replicas_per_worker < 1 or
+      num_replicas % replicas_per_worker):
+    raise ValueError(f"replicas_per_worker ({replicas_per_worker}) must divide "
+                     f"num_replicas ({num_replicas})")
+
+
+def _worker_loads(load, cost, per_worker):
+  """Each worker's estimated seconds (its replicas' sum)."""
+  return load.replica_seconds(cost).reshape(-1, per_worker).sum(1)
+
+
+def _worker_replicas(worker, per_worker):
+  return list(range(worker * per_worker, (worker + 1) * per_worker))
 
 
 class PlanError(ValueError):
@@ -73,7 +88,8 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
 
   Tables are placed largest first; each takes the layout (row-wise,
   replicated, table-wise on each replica, column-wise in 2, 4, ...
-  slices) that fits every replica's memory and gives the smallest
+  slices, table-row-wise over a worker's replicas when
+  `replicas_per_worker` is given) that fits every replica's memory and gives the smallest
   estimated step time for the tables placed so far (ties: the earlier
   option, row-wise first), while leaving the tables still to place the
   memory of their row-wise layout when it can. Raises `PlanError` naming the table and the
@@ -85,10 +101,7 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
   if memory_per_replica_bytes is not None and memory_per_replica_bytes <= 0:
     raise ValueError(f"memory_per_replica_bytes must be positive, got "
                      f"{memory_per_replica_bytes}")
-  if replicas_per_worker is not None and (
-      replicas_per_worker < 1 or num_replicas % replicas_per_worker):
-    raise ValueError(f"replicas_per_worker ({replicas_per_worker}) must divide "
-                     f"num_replicas ({num_replicas})")
+  _check_workers(num_replicas, replicas_per_worker)
   configs = {name: cfg for name, (cfg, _) in _table_configs(feature_configs).items()}
   stats = table_stats(feature_configs, num_replicas, sample_inputs, batch_size)
   budget = math.inf if memory_per_replica_bytes is None else memory_per_replica_bytes
@@ -200,15 +213,13 @@ def _uniform(stats, configs, n, kind, cost, order, per_worker=None):
   worker's replicas), or None where a table cannot take it."""
   load, layouts = _Load(n), {}
   for name in order:
-    if kind in ("replicated", "table_row_wise") and configs is not None and (
-        configs[name].is_dynamic):
+    if kind in ("replicated", "table_row_wise") and stats[name].dynamic:
       return None, None
     if kind == "table_row_wise":
       # Each table over the replicas of the least loaded worker so far.
-      worker = int(np.argmin(load.replica_seconds(cost).reshape(-1, per_worker).sum(1) +
+      worker = int(np.argmin(_worker_loads(load, cost, per_worker) +
                              1e-12 * np.arange(n // per_worker)))
-      layout = TableLayout("table_row_wise",
-                           list(range(worker * per_worker, (worker + 1) * per_worker)))
+      layout = TableLayout("table_row_wise", _worker_replicas(worker, per_worker))
     elif kind == "table_wise":
       owner = int(np.argmin(load.replica_seconds(cost) + 1e-12 * np.arange(n)))
       layout = TableLayout("table_wise", [owner])
@@ -251,10 +262,9 @@ def simple_plan(feature_configs, num_replicas, kind, sample_inputs=None,
   loaded replica so far, largest first) or table-row-wise (each over the
   least loaded worker's replicas; needs `replicas_per_worker`), with the
   same estimates as `plan`: the baselines a plan is compared with."""
-  if kind == "table_row_wise" and not (
-      replicas_per_worker and num_replicas % replicas_per_worker == 0):
-    raise ValueError("a table_row_wise plan needs replicas_per_worker dividing "
-                     f"num_replicas, got {replicas_per_worker} for {num_replicas}")
+  _check_workers(num_replicas, replicas_per_worker)
+  if kind == "table_row_wise" and replicas_per_worker is None:
+    raise ValueError("a table_row_wise plan needs replicas_per_worker")
   cost = cost_model or CostModel()
   stats = table_stats(feature_configs, num_replicas, sample_inputs, batch_size)
   order = sorted(stats, key=lambda t: (-stats[t].rows * stats[t].row_bytes, t))

@@ -18,7 +18,7 @@ a dynamic table's ids, counts and pending ids too) under
 `MonitoredTrainingSession`'s `CheckpointSaverHook`'s) saves and restores
 it, so a dynamic table, which is not a variable, is in the checkpoint.
 
-Its per-replica variables stay in GLOBAL_VARIABLES, so
+In one process its per-replica variables stay in GLOBAL_VARIABLES, so
 `global_variables_initializer()` initializes them, and a default `Saver`
 saves them too; their names hold the replica count
 (`<table>/shard_0_of_2`), so such a checkpoint restores onto the same

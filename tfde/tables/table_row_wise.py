@@ -21,6 +21,7 @@ tables are not split this way (a dynamic table's ids go to `id % N`, or
 whole to one owner: `DynamicTableWiseTable`).
 """
 
+import numpy as np
 import tensorflow as tf
 
 from tfde import initializers
@@ -34,7 +35,7 @@ from tfde.tables import table_wise
 def check_owners(config, owners, communicator):
   n = communicator.num_replicas
   if (not owners or len(set(owners)) != len(owners) or
-      any(not isinstance(o, int) or isinstance(o, bool) or not 0 <= o < n
+      any(not isinstance(o, (int, np.integer)) or isinstance(o, bool) or not 0 <= o < n
           for o in owners)):
     raise ValueError(f"table {config.name!r}: owners must be distinct replicas "
                      f"in [0, {n}), got {owners!r}")
@@ -59,8 +60,9 @@ class TableRowWiseTable(table_wise.OwnedRows, sharded.ShardedTable):
       raise ValueError(f"table {config.name!r} is dynamic; table_row_wise applies "
                        "to static tables (use row_wise or table_wise)")
     base.Table.__init__(self, config, communicator)
-    owners = [int(o) if not isinstance(o, bool) else o for o in owners]
+    owners = list(owners)
     check_owners(config, owners, self.comm)
+    owners = [int(o) for o in owners]
     self.owner = tuple(owners)
     self.replicated = False
     self.num_shards = self.comm.num_replicas
@@ -86,11 +88,15 @@ class TableRowWiseTable(table_wise.OwnedRows, sharded.ShardedTable):
 
   def _gathered(self, variables_by_replica):
     dtype = self.config.dtype if variables_by_replica is self.shards else tf.float32
-    values = {r: variables_by_replica[r].read_value() if r in variables_by_replica
-              else tf.zeros([self.rows_per_shard, self.embedding_dim], dtype)
-              for r in self.comm.local_replicas()}
-    # [N, rows, D] from every process (a collective), the owners' in order.
-    shards = tf.gather(self.comm.gather_replica_values(values), list(self.owner))
+    # The owners' shards, in replica order, from every process (a
+    # collective); the others send nothing.
+    parts = {r: [variables_by_replica[r].read_value() if r in variables_by_replica
+                 else tf.zeros([0, self.embedding_dim], dtype)]
+             for r in self.comm.local_replicas()}
+    by_replica = tf.reshape(self.comm.concat_replica_values(parts)[0],
+                            [self._split, self.rows_per_shard, self.embedding_dim])
+    in_replica_order = sorted(self.owner)
+    shards = tf.gather(by_replica, [in_replica_order.index(o) for o in self.owner])
     full = tf.reshape(tf.transpose(shards, [1, 0, 2]),
                       [self.rows_per_shard * self._split, self.embedding_dim])
     return full[:self.vocabulary_size]
