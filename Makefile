@@ -207,7 +207,7 @@ dtensor-bench: ops
 # The multi-process reliability checks alone (`make test` runs them too):
 # non-finite gradients across processes, and the grid of peers killed or
 # stopped (2 and 4 processes, MultiWorkerMirroredStrategy and Horovod); and
-# the crash-safe saves with 40 kills per mode (10 in `make test`).
+# the crash-safe saves with 40 kills per mode (20 in `make test`).
 reliability: ops hvd-env
 	TFDE_PEER_TESTS=1 TFDE_REQUIRE_HOROVOD=1 TFDE_CRASH_TRIALS=40 $(PY) -m pytest -q -p no:cacheprovider \
 	    --timeout=1800 tests/test_multiprocess_reliability.py tests/test_crash_safe_saves.py

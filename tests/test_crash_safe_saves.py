@@ -17,9 +17,9 @@ import tfde
 from tests import save_worker
 from tests.test_multiprocess import REPO, _worker_group
 
-# Kills per mode: 10 in `make test`, more in `make reliability`
+# Kills per mode: 20 in `make test`, more in `make reliability`
 # (TFDE_CRASH_TRIALS=40), each a worker process started afresh.
-TRIALS = int(os.environ.get("TFDE_CRASH_TRIALS", "10"))
+TRIALS = int(os.environ.get("TFDE_CRASH_TRIALS", "20"))
 TIMEOUT_S = 120
 
 
