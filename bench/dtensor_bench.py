@@ -15,6 +15,9 @@ combiner, lazy Adam. Per size (median of `--reps` calls, ms):
   `v.assign(tf.tensor_scatter_nd_update(v, ids, rows - lr * grads))` (the
   ResourceScatter* ops and TensorScatterSub have no layout propagation).
 
+Each time is the median wall time and, in brackets, the process's CPU
+time per call, which a busy machine inflates less.
+
 Memory: the process's peak RSS growth (MiB) during each phase (phases run
 in order of growing tables, so a phase's growth is what it allocates
 beyond everything before it), and the bytes one device holds for the
@@ -51,20 +54,29 @@ def peak_mib():
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def cpu_seconds():
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  return usage.ru_utime + usage.ru_stime
+
+
 def timed(fn, reps):
+  """Median wall ms of `reps` calls, and the process's mean CPU ms per call
+  (what the step costs the machine, whatever else runs on it)."""
   fn()  # trace, warm
+  fn()
   times = []
+  cpu_start = cpu_seconds()
   for _ in range(reps):
     start = time.perf_counter()
     fn()
     times.append(time.perf_counter() - start)
-  return 1000 * float(np.median(times))
+  return 1000 * float(np.median(times)), 1000 * (cpu_seconds() - cpu_start) / reps
 
 
 def measure(fn, reps):
   before = peak_mib()
-  ms = timed(fn, reps)
-  return ms, peak_mib() - before
+  ms, cpu_ms = timed(fn, reps)
+  return ms, cpu_ms, peak_mib() - before
 
 
 def main():
@@ -76,8 +88,9 @@ def main():
   batch_layout = dtensor.Layout(["batch", dtensor.UNSHARDED], mesh)
   rng = np.random.default_rng(0)
   print(f"mesh of 4 logical CPUs, dim {DIM}, batch {BATCH} x {HOT} ids, lazy Adam")
-  print(f"{'MiB':>4} {'rows':>9} | {'tfde lookup':>11} {'tfde train':>10} | "
-        f"{'naive lookup':>12} {'naive train':>11} | {'peak MiB: tfde':>14} "
+  print("ms: median wall (process CPU per call)")
+  print(f"{'MiB':>4} {'rows':>9} | {'tfde lookup':>16} {'tfde train':>16} | "
+        f"{'naive lookup':>16} {'naive train':>18} | {'peak MiB: tfde':>14} "
         f"{'naive':>6} | {'MiB/device':>10}")
   for mib in [int(s) for s in args.sizes.split(",")]:
     vocab = mib * 2**20 // (4 * DIM)
@@ -106,8 +119,8 @@ def main():
       layer.apply_gradients(train(ids))
       dtensor.unpack(layer.tables[table.name].variable.read_value())[0][0, 0].numpy()
 
-    tfde_ms, tfde_peak = measure(tfde_lookup, args.reps)
-    tfde_train_ms, train_peak = measure(tfde_train, args.reps)
+    lookup_ms = measure(tfde_lookup, args.reps)
+    train_ms = measure(tfde_train, args.reps)
 
     naive = dtensor.DVariable(dtensor.call_with_layout(
         tf.zeros, dtensor.Layout(["batch", dtensor.UNSHARDED], mesh), [vocab, DIM]))
@@ -125,14 +138,17 @@ def main():
       naive.assign(tf.tensor_scatter_nd_update(naive.read_value(), flat, new_rows))
       return naive.read_value()[:1]
 
-    naive_ms, naive_peak = measure(lambda: dtensor.unpack(naive_lookup(ids))[0].numpy(),
-                                   args.reps)
-    naive_train_ms, naive_train_peak = measure(
-        lambda: dtensor.unpack(naive_train(ids))[0].numpy(), max(1, args.reps // 2))
+    naive_lookup_ms = measure(lambda: dtensor.unpack(naive_lookup(ids))[0].numpy(),
+                              args.reps)
+    naive_train_ms = measure(lambda: dtensor.unpack(naive_train(ids))[0].numpy(),
+                             max(1, args.reps // 2))
     per_device = layer.tables[table.name].rows_per_shard * DIM * 4 / 2**20
-    print(f"{mib:>4} {vocab:>9} | {tfde_ms:>9.2f}ms {tfde_train_ms:>8.2f}ms | "
-          f"{naive_ms:>10.2f}ms {naive_train_ms:>9.1f}ms | "
-          f"{max(tfde_peak, train_peak):>14.1f} {max(naive_peak, naive_train_peak):>6.1f} | "
+    def cell(ms, cpu_ms, _):
+      return f"{ms:7.1f} ({cpu_ms:6.1f})"
+    print(f"{mib:>4} {vocab:>9} | {cell(*lookup_ms):>16} {cell(*train_ms):>16} | "
+          f"{cell(*naive_lookup_ms):>16} {cell(*naive_train_ms):>18} | "
+          f"{max(lookup_ms[2], train_ms[2]):>14.1f} "
+          f"{max(naive_lookup_ms[2], naive_train_ms[2]):>6.1f} | "
           f"{per_device:>10.2f}", flush=True)
     del naive, layer
 

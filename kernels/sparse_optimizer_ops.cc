@@ -34,6 +34,12 @@ namespace tfde {
 // grad_rows[k] is the gradient row (or bag-gradient segment) that belongs
 // to indices[k]; an empty grad_rows means k. It lets a caller update several
 // tables from one gradient without copying it apart.
+// copy_on_read says who pays for a read that shares the table's buffer. True
+// (TF's choice for sparsely updated variables): the update puts the variable
+// in copy-on-read mode, so every later whole-variable read copies it, and
+// gathers read it in place. False, for tables read whole each step (a DTensor
+// mesh's, whose gathers lower to a read): reads share the buffer, and an
+// update copies it only while such a read still holds it.
 #define TFDE_DENSE_GRAD_INPUTS .Input("grad: float")
 #define TFDE_BAG_GRAD_INPUTS          \
   .Input("output_grad: float")        \
@@ -84,6 +90,7 @@ Status SparseApplyShape(shape_inference::InferenceContext* c, int num_vars,
       SCALARS                                                                    \
       .Attr("Tindices: {int32, int64}")                                          \
       .Attr("Tgrad_rows: {int32, int64} = DT_INT32")                             \
+      .Attr("copy_on_read: bool = true")                                         \
       .SetShapeFn([](shape_inference::InferenceContext* c) {                     \
         return SparseApplyShape(c, num_vars, from_bags, num_scalars);            \
       })                                                                         \
@@ -130,7 +137,9 @@ TFDE_REGISTER_SPARSE_APPLY_OPS("Ftrl", TFDE_FTRL_VARS, TFDE_FTRL_SCALARS, 3, 6,
 template <typename Device, typename Index, typename Update, typename Gradients>
 class SparseApplyOp : public OpKernel {
  public:
-  explicit SparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit SparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("copy_on_read", &copy_on_read_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     constexpr int kNumVars = Update::kNumVars;
@@ -154,12 +163,16 @@ class SparseApplyOp : public OpKernel {
                                                          grad_rows, grads.num_rows, bad)));
     OP_REQUIRES_OK(ctx, grads.CheckRows(ctx, indices.NumElements(),
                                         select ? &grad_rows : nullptr));
-    OP_REQUIRES_OK(ctx, vars.MakeWritable(ctx, [ctx](const Tensor& from, Tensor* to) {
-      functor::CopyBuffer<Device>()(ctx, from, to);
-    }));
+    OP_REQUIRES_OK(ctx, vars.MakeWritable(ctx, copy_on_read_,
+                                          [ctx](const Tensor& from, Tensor* to) {
+                                            functor::CopyBuffer<Device>()(ctx, from, to);
+                                          }));
     OP_REQUIRES_OK(ctx, (functor::SparseApply<Device, Index, Update, Gradients>()(
                             ctx, params, &vars, indices, grads, select ? &grad_rows : nullptr)));
   }
+
+ private:
+  bool copy_on_read_;
 };
 
 // ---- CPU functors

@@ -88,17 +88,19 @@ class LockedVariables {
     return absl::OkStatus();
   }
 
-  // Makes every buffer exclusively ours before writing in place, as TF's
-  // own sparse updates do: reads copy from now on (copy_on_read_mode), and a
-  // buffer still shared with an earlier read is copied once, so that read
-  // keeps its value. Needs LockMode::kExclusive.
+  // Makes every buffer exclusively ours before writing in place: a buffer
+  // still shared with an earlier read is copied once, so that read keeps its
+  // value. With `copy_on_read`, as TF's own sparse updates do, later reads
+  // copy (copy_on_read_mode), so the next update finds the buffer unshared;
+  // without it, reads share the buffer and pay nothing. Needs
+  // LockMode::kExclusive.
   // `copy(from, to)` copies a buffer on the variables' device
   // (functor::CopyBuffer).
   using CopyFn = std::function<void(const Tensor& from, Tensor* to)>;
-  Status MakeWritable(OpKernelContext* ctx, const CopyFn& copy) {
+  Status MakeWritable(OpKernelContext* ctx, bool copy_on_read, const CopyFn& copy) {
     for (auto& v : vars_) {
       Var* var = v.get();
-      var->copy_on_read_mode.store(true);
+      if (copy_on_read) var->copy_on_read_mode.store(true);
       if (!var->tensor()->RefCountIsOne()) {
         Tensor fresh;
         TF_RETURN_IF_ERROR(ctx->allocate_temp(var->tensor()->dtype(),

@@ -87,7 +87,20 @@ def run_case(size, kind, variant):
   steps = {n: t.step_value() for n, t in layer.tables.items()}
   return dict(mesh=size, optimizer=kind, variant=variant, output_error=out_error,
               table_error=table_error, steps=steps,
+              reads_share_shards=reads_share_shards(layer),
               output_layouts=sorted({tuple(v) for v in layouts.values()}))
+
+
+def reads_share_shards(layer):
+  """After training, does reading a table or slot leave each device's
+  component in place? (After TF's sparse updates every read would copy the
+  shard, making each forward O(V / N).) Numpy shares an eager CPU tensor's
+  buffer, so two reads sharing one address were not copied."""
+  def buffers(variable):
+    return [np.asarray(c).__array_interface__["data"][0]
+            for c in dtensor.unpack(variable.read_value())]
+  return all(buffers(v) == buffers(v)
+             for t in layer.tables.values() for v in [t.variable, *t.slots.values()])
 
 
 def layout_case():

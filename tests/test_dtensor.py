@@ -51,6 +51,9 @@ def test_training_equals_the_unsharded_numpy_reference():
     assert set(r["steps"].values()) == {3}, r
     # Outputs stay sharded on the batch dimension.
     assert r["output_layouts"] == [["batch", "unsharded"]], r
+    # The updates leave each shard in place for the next forward's read
+    # (no copy of V / N rows per step).
+    assert r["reads_share_shards"], r
 
 
 @pytest.fixture(scope="module")

@@ -251,6 +251,32 @@ def test_optimizer_keeps_earlier_reads(op_backend):
   np.testing.assert_array_equal(table.numpy()[1], [-1, -1])
 
 
+def _buffer(tensor):
+  """Where an eager CPU tensor's data lives (numpy shares it)."""
+  return np.asarray(tensor).__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("copy_on_read", [True, False])
+def test_copy_on_read_says_which_side_copies_a_shared_table(op_backend, copy_on_read):
+  """True (TF's choice): after an update every whole read copies the table.
+  False (tables read whole each step): reads share its buffer, and an
+  update copies it only while such a read is held, which keeps its value."""
+  table = tf.Variable(tf.zeros([64, 2]))
+  for step in (1, 2):
+    held = table.read_value()
+    tfde.ops.sparse_apply("sgd", [table], tf.constant([1]), tf.ones([1, 2]), [1.0],
+                          copy_on_read=copy_on_read)
+    np.testing.assert_array_equal(held.numpy()[1], [1 - step] * 2)
+    np.testing.assert_array_equal(table.numpy()[1], [-step] * 2)
+  del held
+  reads_share = _buffer(table.read_value()) == _buffer(table.read_value())
+  if op_backend == tfde.ops.REFERENCE:
+    # The twin's scatter ops always put the variable in copy-on-read mode.
+    assert not reads_share
+  else:
+    assert reads_share is not copy_on_read
+
+
 # ----------------------------------------------- index dtypes, never wrapped
 
 

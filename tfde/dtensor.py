@@ -23,7 +23,11 @@ sparse update runs per device, outside the DTensor function: the train
 step returns the gradients of the rows each device read
 (`sparse_gradients`), and `apply_gradients` unpacks them and runs the
 table's own sparse optimizer (tfde's kernels) on each device's shard
-component, in place, on the touched rows only:
+component, in place, on the touched rows only. Those updates leave reads
+sharing the shard (`copy_on_read=False`, see `tfde.ops.sparse_apply`):
+DTensor lowers the forward's gathers to a read of the whole component, and
+after TF's usual sparse update each such read would copy it, O(V / N) per
+step. The train step:
 
     with tf.GradientTape() as tape:
       loss = ...model(inputs)...
@@ -227,9 +231,12 @@ class DTensorTable(base.Table):
       for index, (device, (unique, summed, _)) in enumerate(zip(self.devices, owned)):
         def update(index=index, unique=unique, summed=summed):
           step = self.steps[index].assign_add(1)
+          # copy_on_read=False: the forward reads each shard whole (DTensor
+          # lowers its gathers to a read), and in TF's copy-on-read mode
+          # every such read would copy the shard: O(V / N) per step.
           with tf.control_dependencies([optimizer.apply(
               views[index][0], dict(zip(optimizer.slot_names, views[index][1:])),
-              unique, summed, step)]):
+              unique, summed, step, copy_on_read=False)]):
             return tf.identity(step)
         with tf.device(device):
           steps.append(self.guard_nonfinite(index, finite, update))

@@ -119,13 +119,15 @@ class SparseOptimizer:
       return tf.cast(lr(tf.cast(step, tf.int64) - 1), tf.float32)
     return tf.constant(lr, tf.float32)
 
-  def apply(self, table, slots, indices, grads, step, grad_rows=None, rounding=None):
+  def apply(self, table, slots, indices, grads, step, grad_rows=None, rounding=None,
+            copy_on_read=True):
     """Updates table[indices] and the slots' rows; indices must be unique.
 
     grads[k] (or grads[grad_rows[k]]) is the gradient of row indices[k];
     grads is a matrix or a `tfde.ops.BagGradients`. A table of bfloat16 or
     float16 rows needs `rounding(indices, step)`: the [k, dim] uniform
-    draws of its stochastic rounding.
+    draws of its stochastic rounding. `copy_on_read`: see
+    `tfde.ops.sparse_apply`.
     """
     variables = [table] + [slots[name] for name in self.slot_names]
     grads, grad_rows = self.clip(grads, grad_rows)
@@ -140,7 +142,8 @@ class SparseOptimizer:
     if not isinstance(grads, ops.BagGradients):
       grads = tf.cast(grads, tf.float32)
     return ops.sparse_apply(self.kind, variables, indices, grads,
-                            self.scalars(tf.cast(step, tf.float32)), grad_rows)
+                            self.scalars(tf.cast(step, tf.float32)), grad_rows,
+                            copy_on_read)
 
   def scalars(self, step):
     """The update's scalar inputs at 1-based `step`, in the order the ops

@@ -177,11 +177,17 @@ def gather_from_tables(tables, rows, bases):
 # otherwise.
 
 
-def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
+def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
+                 copy_on_read=True):
   """`kind`'s update ("sgd", "adagrad", "adam" (lazy), "ftrl") of
   `variables`, the table then its slots, with the scalar inputs in the
-  order `tfde.optimizers.SparseOptimizer.scalars` gives them."""
-  return _impl().sparse_apply(kind, variables, indices, grad, scalars, grad_rows)
+  order `tfde.optimizers.SparseOptimizer.scalars` gives them.
+
+  `copy_on_read=False` is for tables read whole every step (a DTensor
+  mesh's): the update then copies a buffer only while a read still shares
+  it, instead of making every later whole read copy the table."""
+  return _impl().sparse_apply(kind, variables, indices, grad, scalars, grad_rows,
+                              copy_on_read)
 
 
 def sparse_apply_sgd(var, indices, grad, learning_rate, grad_rows=None):

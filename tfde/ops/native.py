@@ -105,7 +105,8 @@ def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum")
       index_tensor(num_unique, "num_unique"), combiner=combiner)
 
 
-def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
+def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
+                 copy_on_read=True):
   handles = [v.handle for v in variables]
   indices = index_tensor(indices, "indices")
   scalars = [_scalar(x) for x in scalars]
@@ -117,9 +118,11 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
     else:
       op = getattr(load(), _SPARSE_APPLY_OPS[kind] + "_from_bags")
       return op(*handles, indices, tf.cast(grad.output_grad, tf.float32), grad.segments,
-                grad.bags, grad.weights, _rows(grad_rows), *scalars)
+                grad.bags, grad.weights, _rows(grad_rows), *scalars,
+                copy_on_read=copy_on_read)
   op = getattr(load(), _SPARSE_APPLY_OPS[kind])
-  return op(*handles, indices, grad, _rows(grad_rows), *scalars)
+  return op(*handles, indices, grad, _rows(grad_rows), *scalars,
+            copy_on_read=copy_on_read)
 
 
 def _on_gpu(variable):

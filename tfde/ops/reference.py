@@ -334,7 +334,12 @@ def scalar_checks(kind, scalars):
   return checks
 
 
-def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None):
+def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
+                 copy_on_read=True):
+  # copy_on_read only says which side copies a shared buffer (the kernels'
+  # attr); TF's scatter ops below always choose the reads, and the values
+  # are the same either way.
+  del copy_on_read
   check(len(variables) == 1 + NUM_SLOTS[kind],
         f"{kind} updates a table and {NUM_SLOTS[kind]} slot(s), got "
         f"{len(variables)} variables")
