@@ -24,6 +24,13 @@ STEPS = 3
 
 
 def mesh_of(size):
+  """A 1-D "batch" mesh of `size` CPUs, or for "BxM" a "batch" x "model"
+  mesh (the tables sharded over "batch", each shard held by M devices)."""
+  if isinstance(size, str) and "x" in size:
+    batch, model = (int(n) for n in size.split("x"))
+    return dtensor.create_mesh([("batch", batch), ("model", model)],
+                               devices=[f"CPU:{i}" for i in range(batch * model)])
+  size = int(size)
   return dtensor.create_mesh([("batch", size)], devices=[f"CPU:{i}" for i in range(size)])
 
 
@@ -88,6 +95,7 @@ def run_case(size, kind, variant):
   return dict(mesh=size, optimizer=kind, variant=variant, output_error=out_error,
               table_error=table_error, steps=steps,
               reads_share_shards=reads_share_shards(layer),
+              shard_copies_agree=shard_copies_agree(layer),
               output_layouts=sorted({tuple(v) for v in layouts.values()}))
 
 
@@ -101,6 +109,20 @@ def reads_share_shards(layer):
             for c in dtensor.unpack(variable.read_value())]
   return all(buffers(v) == buffers(v)
              for t in layer.tables.values() for v in [t.variable, *t.slots.values()])
+
+
+def shard_copies_agree(layer):
+  """On a mesh with more devices than shards, every device holding a shard
+  (table and slots) holds the same values (the oracle reads one of them)."""
+  for table in layer.tables.values():
+    for variable in [table.variable, *table.slots.values()]:
+      held = {}
+      for shard, component in zip(table.device_shards,
+                                  dtensor.unpack(variable.read_value())):
+        first = held.setdefault(shard, component.numpy())
+        if not np.array_equal(first, component.numpy()):
+          return False
+  return True
 
 
 def layout_case():
@@ -225,7 +247,7 @@ def main():
     return
   for spec in sys.argv[1:]:
     parts = spec.split(":")
-    size, kind = int(parts[0]), parts[1]
+    size, kind = parts[0], parts[1]
     variant = int(parts[2]) if len(parts) > 2 else 0
     print(json.dumps(run_case(size, kind, variant)), flush=True)
 

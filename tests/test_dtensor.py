@@ -27,10 +27,12 @@ OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 
 def cases():
   if os.environ.get("TFDE_DTENSOR_FULL"):
-    return [f"{n}:{k}:{i}" for n in (1, 2, 4) for i, k in enumerate(OPTIMIZERS)]
+    return ([f"{n}:{k}:{i}" for n in (1, 2, 4) for i, k in enumerate(OPTIMIZERS)] +
+            [f"2x2:{k}:{i}" for i, k in enumerate(OPTIMIZERS)])
   # Each optimizer once, each mesh size, and (the three tables' combiners
-  # rotate with the variant) every combiner on every mesh size.
-  return ["1:sgd:0", "2:adagrad:1", "4:ftrl:2", "4:adam:0"]
+  # rotate with the variant) every combiner on every mesh size; then a
+  # "batch" x "model" mesh, the tables sharded over "batch" only.
+  return ["1:sgd:0", "2:adagrad:1", "4:ftrl:2", "4:adam:0", "2x2:adam:1"]
 
 
 def run_worker(module, *args, timeout=600):
@@ -54,6 +56,7 @@ def test_training_equals_the_unsharded_numpy_reference():
     # The updates leave each shard in place for the next forward's read
     # (no copy of V / N rows per step).
     assert r["reads_share_shards"], r
+    assert r["shard_copies_agree"], r
 
 
 @pytest.fixture(scope="module")

@@ -334,7 +334,9 @@ class DistributedEmbedding(tf_keras.layers.Layer):
     feature_configs: dict of name -> `tfde.FeatureConfig` (or a list).
     mesh: the `dtensor.Mesh`.
     mesh_dim: the mesh dimension the tables are sharded over, and the
-      inputs' and outputs' batch dimension is sharded over.
+      inputs' and outputs' batch dimension is sharded over. On a mesh with
+      other dimensions too (say "batch" x "model"), every device along them
+      holds its coordinate's shard, and all of them apply the same update.
   """
 
   def __init__(self, feature_configs, mesh, mesh_dim="batch", **kwargs):
