@@ -196,7 +196,8 @@ FUZZ_CASES ?= 3340
 fuzz: ops
 	$(PY) -m tests.fuzz_cases --seed $(FUZZ_SEED) --cases $(FUZZ_CASES) $(FUZZ_ARGS)
 
-# tfde.dtensor: every optimizer on meshes of 1, 2 and 4 logical CPUs
+# tfde.dtensor: every optimizer on meshes of 1, 2 and 4 logical CPUs and a
+# 2 x 2 "batch" x "model" mesh
 # (`make test` runs each optimizer once), then its example.
 dtensor-test: ops
 	TFDE_DTENSOR_FULL=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_dtensor.py

@@ -34,12 +34,6 @@ namespace tfde {
 // grad_rows[k] is the gradient row (or bag-gradient segment) that belongs
 // to indices[k]; an empty grad_rows means k. It lets a caller update several
 // tables from one gradient without copying it apart.
-// copy_on_read says who pays for a read that shares the table's buffer. True
-// (TF's choice for sparsely updated variables): the update puts the variable
-// in copy-on-read mode, so every later whole-variable read copies it, and
-// gathers read it in place. False, for tables read whole each step (a DTensor
-// mesh's, whose gathers lower to a read): reads share the buffer, and an
-// update copies it only while such a read still holds it.
 #define TFDE_DENSE_GRAD_INPUTS .Input("grad: float")
 #define TFDE_BAG_GRAD_INPUTS          \
   .Input("output_grad: float")        \
@@ -78,6 +72,14 @@ Status SparseApplyShape(shape_inference::InferenceContext* c, int num_vars,
   .Input("l2_shrinkage: float").Input("beta: float")                      \
   .Input("learning_rate_power: float")
 
+// copy_on_read says who pays for a read that shares the table's buffer. True
+// (TF's choice for sparsely updated variables): the update puts the variable
+// in copy-on-read mode, so every later whole-variable read copies it, and
+// gathers read it in place. False, for tables read whole each step (a DTensor
+// mesh's, whose gathers lower to a read): reads share the buffer, and an
+// update copies it only while such a read still holds it. False leaves the
+// variable's mode as it is: once anything (a True update, a ResourceGather,
+// TF's sparse ops) has set copy-on-read mode, TF never clears it.
 #define TFDE_REGISTER_SPARSE_APPLY_OP(name, VARS, GRAD_INPUTS, SCALARS, num_vars, \
                                       from_bags, num_scalars, doc)               \
   REGISTER_OP(name)                                                              \

@@ -92,8 +92,8 @@ class LockedVariables {
   // still shared with an earlier read is copied once, so that read keeps its
   // value. With `copy_on_read`, as TF's own sparse updates do, later reads
   // copy (copy_on_read_mode), so the next update finds the buffer unshared;
-  // without it, reads share the buffer and pay nothing. Needs
-  // LockMode::kExclusive.
+  // without it, reads share the buffer and pay nothing (a mode set
+  // earlier stays set: TF never clears it). Needs LockMode::kExclusive.
   // `copy(from, to)` copies a buffer on the variables' device
   // (functor::CopyBuffer).
   using CopyFn = std::function<void(const Tensor& from, Tensor* to)>;

@@ -80,13 +80,19 @@ def run_case(size, kind, variant):
 
   batches = [h.make_batch(s, weighted=(s % 2 == 0), seed=variant) for s in range(STEPS)]
   first = None
+  held_reads_kept = True
   for batch in batches:
     outputs, sparse = train_step(*dense_inputs(mesh, batch))
     if first is None:
       first = {f: dtensor.relayout(o, dtensor.Layout.replicated(mesh, 2)).numpy()
                for f, o in outputs.items()}
       layouts = {f: dtensor.fetch_layout(o).sharding_specs for f, o in outputs.items()}
+    # A read held across an update keeps its value (the update copies a
+    # buffer a read still shares).
+    held = [c for t in layer.tables.values() for c in dtensor.unpack(t.variable.read_value())]
+    values = [c.numpy() for c in held]
     layer.apply_gradients(sparse)
+    held_reads_kept &= all(np.array_equal(c.numpy(), v) for c, v in zip(held, values))
   ref_outputs, ref_tables = h.reference_run(configs, initial, batches)
   out_error = max(float(np.max(np.abs(first[f] - ref_outputs[f]))) for f in h.FEATURES)
   table_error = max(float(np.max(np.abs(t.full_table() - ref_tables[n])))
@@ -96,6 +102,7 @@ def run_case(size, kind, variant):
               table_error=table_error, steps=steps,
               reads_share_shards=reads_share_shards(layer),
               shard_copies_agree=shard_copies_agree(layer),
+              held_reads_kept=bool(held_reads_kept),
               output_layouts=sorted({tuple(v) for v in layouts.values()}))
 
 
@@ -104,11 +111,14 @@ def reads_share_shards(layer):
   component in place? (After TF's sparse updates every read would copy the
   shard, making each forward O(V / N).) Numpy shares an eager CPU tensor's
   buffer, so two reads sharing one address were not copied."""
-  def buffers(variable):
-    return [np.asarray(c).__array_interface__["data"][0]
-            for c in dtensor.unpack(variable.read_value())]
-  return all(buffers(v) == buffers(v)
-             for t in layer.tables.values() for v in [t.variable, *t.slots.values()])
+  def share(variable):
+    # Both reads alive at once, so a freed buffer cannot come back as the other.
+    first = dtensor.unpack(variable.read_value())
+    second = dtensor.unpack(variable.read_value())
+    return all(np.shares_memory(np.asarray(a), np.asarray(b))
+               for a, b in zip(first, second))
+  return all(share(v) for t in layer.tables.values()
+             for v in [t.variable, *t.slots.values()])
 
 
 def shard_copies_agree(layer):

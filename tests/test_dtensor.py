@@ -57,6 +57,7 @@ def test_training_equals_the_unsharded_numpy_reference():
     # (no copy of V / N rows per step).
     assert r["reads_share_shards"], r
     assert r["shard_copies_agree"], r
+    assert r["held_reads_kept"], r
 
 
 @pytest.fixture(scope="module")

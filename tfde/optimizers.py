@@ -127,11 +127,15 @@ class SparseOptimizer:
     grads is a matrix or a `tfde.ops.BagGradients`. A table of bfloat16 or
     float16 rows needs `rounding(indices, step)`: the [k, dim] uniform
     draws of its stochastic rounding. `copy_on_read`: see
-    `tfde.ops.sparse_apply`.
+    `tfde.ops.sparse_apply` (float32 tables; the rounded updates of other
+    tables always use TF's copy-on-read mode).
     """
     variables = [table] + [slots[name] for name in self.slot_names]
     grads, grad_rows = self.clip(grads, grad_rows)
     if table.dtype != tf.float32:
+      if not copy_on_read:
+        raise ValueError(f"{table.name}: copy_on_read=False is for float32 tables; "
+                         f"this one has {table.dtype.name} rows")
       if rounding is None:
         raise ValueError(f"{table.name}: a table of {table.dtype.name} rows is "
                          "updated with stochastic rounding; pass `rounding`")

@@ -185,7 +185,9 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
 
   `copy_on_read=False` is for tables read whole every step (a DTensor
   mesh's): the update then copies a buffer only while a read still shares
-  it, instead of making every later whole read copy the table."""
+  it, instead of making every later whole read copy the table. It leaves a
+  copy-on-read mode set before (by a default update, a `tf.gather` on the
+  variable, TF's sparse ops) as it is: TensorFlow never clears it."""
   return _impl().sparse_apply(kind, variables, indices, grad, scalars, grad_rows,
                               copy_on_read)
 

@@ -337,8 +337,8 @@ def scalar_checks(kind, scalars):
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
                  copy_on_read=True):
   # copy_on_read only says which side copies a shared buffer (the kernels'
-  # attr); TF's scatter ops below always choose the reads, and the values
-  # are the same either way.
+  # attr); TF's scatter ops below always put the variable in copy-on-read
+  # mode, and the values are the same either way.
   del copy_on_read
   check(len(variables) == 1 + NUM_SLOTS[kind],
         f"{kind} updates a table and {NUM_SLOTS[kind]} slot(s), got "
