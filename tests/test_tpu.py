@@ -2,11 +2,14 @@
 the same lookups as TensorFlow's TPUEmbeddingForServing, and TPU
 checkpoints both ways (mid-level API and a synthetic SparseCore layout)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfde
+from tfde import comm as comm_lib
 from tests import oracles
 from tests import sharded_harness as h
 from tests.test_sharded import mirrored
@@ -541,7 +544,9 @@ def stand_in_tpu(monkeypatch):
   from tfde.tables import tpu as tpu_tables
 
   def use(kind):
-    monkeypatch.setattr(tpu_tables, "tpu_strategy", lambda: _FakeTPUStrategy(kind))
+    # What tfde.comm.current() gives inside a TPUStrategy's scope.
+    communicator = comm_lib.TPUCommunicator(_FakeTPUStrategy(kind))
+    monkeypatch.setattr(comm_lib, "current", lambda: communicator)
     monkeypatch.setitem(tpu_tables.ENGINES, kind, _StandInEngine)
     _StandInEngine.made.clear()
   return use
@@ -631,7 +636,64 @@ def test_engine_looks_up_and_trains_through_the_layer(stand_in_tpu, kind):
   # Step 1 of Adam: lr * sqrt(1 - 0.75) / (1 - 0.5); SGD's default 0.01.
   assert engine.learning_rates[:3] == pytest.approx([0.1 * np.sqrt(0.25) / 0.5] * 3)
   assert engine.learning_rates[3] == pytest.approx(0.01)
-  assert int(layer._lookup._engine.iterations.numpy()) == 1
+  assert int(layer._lookup.tables["a"].engine.iterations.numpy()) == 1
+
+
+def test_engine_tables_go_through_the_pipelines_checks(stand_in_tpu):
+  """Under TPUStrategy the engine's tables are a group of the one pipeline:
+  bad ids get tfde's error naming the feature and table before the engine
+  sees them; a table whose step is not finite is handed zeros (nonfinite=
+  "skip") or fails the step with its name ("error"), the other tables'
+  gradients reach the engine untouched; asked-for weight gradients are
+  refused by name; a sequence feature reaches the engine as given."""
+  stand_in_tpu("sparsecore")
+  features = _engine_features()
+  features["a"] = tfde.FeatureConfig(
+      name="f_a", table=dataclasses.replace(features["a"].table, nonfinite="skip"),
+      input_shape=(4, 2))
+  features["d"] = tfde.FeatureConfig(name="f_d", table=features["d"].table,
+                                     input_shape=(2, 3), output_shape=(2, 3, 4),
+                                     max_sequence_length=3)
+  lookup = tfde.lookup.ShardedLookup(features)
+  engine = _StandInEngine.made[-1]
+  inputs = {"f_a": _ragged([[1], [2, 3]]), "f_b": _ragged([[5], [6]]),
+            "f_c": _ragged([[7], [8]]), "f_d": _ragged([[1, 2], [3]])}
+  with pytest.raises(tf.errors.InvalidArgumentError, match="feature f_b \\(table b\\)"):
+    lookup({**inputs, "f_b": _ragged([[5], [41]])})
+  assert not engine.calls
+
+  with tf.GradientTape() as tape:
+    out = lookup(inputs)
+    loss = (tf.reduce_sum(out["f_a"]) * np.nan + tf.reduce_sum(out["f_b"]) +
+            2 * tf.reduce_sum(out["f_c"]) + tf.reduce_sum(out["f_d"]))
+  tape.gradient(loss, lookup.trainable_variables)
+  sent, _ = engine.calls[-1]
+  assert sent["f_d"] is inputs["f_d"]                  # as given: positions kept
+  assert out["f_d"].shape == (2, 3, 4)
+  gradients, _ = engine.applied[-1]
+  np.testing.assert_array_equal(gradients["f_a"], 0)   # NaN: zeros for table a
+  np.testing.assert_array_equal(gradients["f_b"], 1)
+  np.testing.assert_array_equal(gradients["f_c"], 2)
+  np.testing.assert_array_equal(gradients["f_d"], 1)
+
+  # nonfinite="error" (table b's default): the step fails naming the table,
+  # and the engine applies nothing.
+  applied = len(engine.applied)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="table b: .*NaN or Inf"):
+    with tf.GradientTape() as tape:
+      out = lookup(inputs)
+      loss = tf.reduce_sum(out["f_b"]) * np.inf
+    tape.gradient(loss, lookup.trainable_variables)
+  assert len(engine.applied) == applied
+
+  weights = {name: tf.ones_like(ids, tf.float32) for name, ids in inputs.items()
+             if name != "f_d"}
+  weights = {name: tf.Variable(w.flat_values) for name, w in weights.items()}
+  with pytest.raises(ValueError, match="feature f_a \\(table a\\).*tf.stop_gradient"):
+    with tf.GradientTape() as tape:
+      out = lookup(inputs, {name: tf.RaggedTensor.from_row_splits(
+          w, inputs[name].row_splits) for name, w in weights.items()})
+    tape.gradient(out["f_a"], [weights["f_a"]])
 
 
 def test_sparsecore_placement_off_tpu_keeps_its_error():

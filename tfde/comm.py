@@ -294,6 +294,41 @@ def _static_replica_id():
   return int(replica)
 
 
+class TPUCommunicator(Communicator):
+  """`tf.distribute.TPUStrategy`: TensorFlow's TPU embedding engine moves
+  the rows between the TPU cores itself (`tfde.tables.tpu`), so the
+  pipeline exchanges only its step's control flags here; its tables are
+  not kept per replica (every replica is replica 0 to them).
+
+  Attributes:
+    tpu_strategy: the strategy, which the engine is built under.
+  """
+
+  def __init__(self, strategy):
+    super().__init__(strategy.num_replicas_in_sync)
+    self.tpu_strategy = strategy
+
+  def local_replicas(self):
+    return [0]
+
+  def replica_id(self):
+    return 0
+
+  def gather_flags(self, flags):
+    flags = tf.cast(flags, tf.int32)
+    context = tf.distribute.get_replica_context()
+    if context is None or self.num_replicas == 1:
+      return flags[None]
+    return context.all_gather(flags[None], axis=0)
+
+  def _engine_exchanges(self, *args):
+    del args
+    raise NotImplementedError("under TPUStrategy the TPU embedding engine "
+                              "exchanges the rows; tfde's exchanges do not run")
+
+  _exchange_counts = all_to_all = _engine_exchanges
+
+
 class MirroredCommunicator(Communicator):
   """`tf.distribute.MirroredStrategy`: N devices in one process.
 
@@ -520,7 +555,8 @@ def current():
   """The communicator for the context this is called in."""
   global _local, _horovod
   strategy = tf.distribute.get_strategy()
-  if tf.distribute.has_strategy() and strategy.num_replicas_in_sync > 1:
+  if tf.distribute.has_strategy() and (strategy.num_replicas_in_sync > 1 or
+                                       is_tpu_strategy(strategy)):
     if strategy not in _by_strategy:
       _by_strategy[strategy] = _for_strategy(strategy)
     return _by_strategy[strategy]
@@ -534,7 +570,16 @@ def current():
   return _local
 
 
+def is_tpu_strategy(strategy):
+  """Whether `strategy` is a TPUStrategy (V1 or V2; known by class name, so
+  no TPU import is needed)."""
+  names = {cls.__name__ for cls in type(strategy).__mro__}
+  return bool(names & {"TPUStrategyV2", "TPUStrategy", "TPUStrategyV1"})
+
+
 def _for_strategy(strategy):
+  if is_tpu_strategy(strategy):
+    return TPUCommunicator(strategy)
   if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
     return MultiWorkerCommunicator(strategy)
   if isinstance(strategy, tf.distribute.MirroredStrategy):

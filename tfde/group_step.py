@@ -47,6 +47,8 @@ class GroupStep:
     row_max_norm: (max-norm tables) each answered row's table's max_norm
       (inf for tables without one).
     outputs: the features' combined outputs, float32.
+    preserved: (an engine group's step) what the engine keeps from the
+      forward for its update.
     deduped: `routed` holds unique requests. False only for a fused step
       at one owner, whose forward needs no dedup; the backward dedups it
       (`deduped`) before it reads `routed`.
@@ -64,6 +66,8 @@ class GroupStep:
   row_max_norm: object = None
   outputs: object = None
   deduped: bool = True
+  # (engine groups) what the engine keeps from the forward for its update.
+  preserved: object = None
 
 
 def deduped(step):
@@ -79,12 +83,19 @@ def deduped(step):
 
 
 def map_tensors(fn, grads):
-  """`fn` applied to a gradient's tensors: a tensor, or the tensor fields
-  of a `BagGradients` (the same structure back)."""
+  """`fn` applied to a gradient's tensors: a tensor, the tensor fields of a
+  `BagGradients`, or those in lists, tuples and dicts of them (an engine
+  group's); other values (names, None) are kept. The same structure back."""
   if isinstance(grads, ops.BagGradients):
     return dataclasses.replace(grads, **{
         f.name: fn(getattr(grads, f.name)) for f in dataclasses.fields(grads)
         if isinstance(getattr(grads, f.name), tf.Tensor)})
+  if isinstance(grads, (list, tuple)):
+    return type(grads)(map_tensors(fn, g) for g in grads)
+  if isinstance(grads, dict):
+    return {k: map_tensors(fn, v) for k, v in grads.items()}
+  if grads is None or isinstance(grads, (str, bytes)):
+    return grads
   return fn(grads)
 
 

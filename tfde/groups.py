@@ -21,6 +21,7 @@ import collections
 
 import tensorflow as tf
 
+from tfde import group_step
 from tfde import ops
 from tfde import routing
 from tfde import sharding
@@ -55,6 +56,19 @@ class TableGroup:
     # A dynamic table-wise table's ids all go to its owner (static
     # table-wise tables fuse their owner into their ids instead).
     self.owner = getattr(tables[0], "owner", None) if self.routes_ids else None
+
+  # The stages, which a group may run otherwise (an engine's): by default
+  # the pipeline's exchange of ids and rows between the replicas
+  # (`tfde.lookup.ShardedLookup`).
+
+  def forward(self, pipeline, features, combiners, fused_ids, training):
+    """Stages 1 to 3 of this group's step: a `GroupStep` with its outputs."""
+    return pipeline.exchange_forward(self, features, combiners, fused_ids, training)
+
+  def backward_gradients(self, pipeline, step, grads):
+    """(rows this replica owns, their gradients) from the output gradients
+    `grads` of `step`'s features: what `apply_gradient` takes."""
+    return pipeline.exchange_gradients(step, grads)
 
   def step(self, replica):
     """The optimizer steps applied so far, the same on every replica (the
@@ -202,6 +216,41 @@ class DynamicGroup(TableGroup):
             self.table.gradient_slices(replica, owned, grads)}
 
 
+class EngineGroup(TableGroup):
+  """Tables living in one embedding engine (TensorFlow's TPU embedding,
+  `tfde.tables.tpu`), which looks them all up and trains them in one call:
+  the engine exchanges their rows itself, so this group's forward is the
+  engine's activations, and its update hands the engine the output
+  gradients (zeros for a table whose step is not finite)."""
+
+  def __init__(self, tables, num_replicas):
+    super().__init__(tables, num_replicas)
+    self.engine = tables[0].engine
+
+  def fused_ids(self, features):
+    return None
+
+  def forward(self, pipeline, features, combiners, fused_ids, training):
+    activations, preserved = self.engine.activations(features, training)
+    return group_step.GroupStep(
+        group=self, features=features, combiners=combiners, replica=0, routed=None,
+        batch=None, num_rows=None, fused=False, outputs=activations,
+        preserved=preserved)
+
+  def backward_gradients(self, pipeline, step, grads):
+    # Nothing is owned here; the update is the engine's, by feature.
+    return (tf.zeros([0], tf.int64),
+            ([f.name for f in step.features], [f.table.name for f in step.features],
+             list(grads), step.preserved))
+
+  def apply_gradient(self, replica, owned, grads, finite):
+    del replica, owned
+    names, tables, grads, preserved = grads
+    gradients = {name: tf.where(finite[table], grad, tf.zeros_like(grad))
+                 for name, table, grad in zip(names, tables, grads)}
+    return [self.engine.apply_gradients(gradients, preserved)]
+
+
 def _stacking_key(table):
   if table.is_dynamic:
     return (table.embedding_dim, "dynamic", table.name)  # always alone
@@ -247,6 +296,16 @@ def stack_tables(tables, table_stacking):
 
 
 def make_groups(tables, table_stacking, num_replicas):
-  """The groups of `tables` (name -> Table) under `table_stacking`."""
-  return [(DynamicGroup if members[0].is_dynamic else StaticGroup)(members, num_replicas)
-          for members in stack_tables(tables, table_stacking)]
+  """The groups of `tables` (name -> Table) under `table_stacking`. Tables
+  living in an engine form one group per engine (which stacks them
+  itself)."""
+  by_engine = collections.defaultdict(list)
+  for name in sorted(tables):
+    engine = getattr(tables[name], "engine", None)
+    if engine is not None:
+      by_engine[id(engine)].append(tables[name])
+  engine_groups = [EngineGroup(members, num_replicas) for members in by_engine.values()]
+  others = {n: t for n, t in tables.items() if getattr(t, "engine", None) is None}
+  return engine_groups + [
+      (DynamicGroup if members[0].is_dynamic else StaticGroup)(members, num_replicas)
+      for members in stack_tables(others, table_stacking if others else None)]

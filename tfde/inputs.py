@@ -31,6 +31,9 @@ class FlatFeature:
   # the input's row splits for a ragged output.
   sequence_length: object = None
   output_splits: object = None
+  # The (ids, weights) given, for an engine that takes a sequence feature
+  # as it is (`tfde.tables.tpu`).
+  source: object = None
 
 
 def describe(feature_name, table_name):

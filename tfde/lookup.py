@@ -132,16 +132,14 @@ class ShardedLookup(tf.Module):
     self.feature_configs = {f.name: f for f in feature_configs}
     if len(self.feature_configs) != len(feature_configs):
       raise ValueError("feature names must be unique")
-    self._engine = None
-    strategy = tpu_tables.tpu_strategy()
-    if strategy is not None:
-      self._init_tpu_engine(feature_configs, table_stacking, strategy, update_trigger)
-      return
     self.comm = comm_lib.current()
     # Names this lookup's collectives apart from other lookups' (workers
     # build their lookups in the same order).
     self._key_space = f"lookup{next(_LOOKUP_NUMBERS)}"
     self.tables = dict(tables or {})
+    # Under TPUStrategy, TensorFlow's TPU embedding holds every table (None
+    # elsewhere); tracked here, so checkpoints hold its variables.
+    self._engine = tpu_tables.engine_for(feature_configs, table_stacking, self.comm)
     for feature in feature_configs:
       cfg = feature.table
       existing = self.tables.get(cfg.name)
@@ -149,7 +147,8 @@ class ShardedLookup(tf.Module):
         layout = None if self.plan is None else self.plan.layout_of(
             cfg, self.comm.num_replicas)
         self.tables[cfg.name] = tables_lib.make_table(cfg, self.comm,
-                                                      auto_replicate_bytes, layout)
+                                                      auto_replicate_bytes, layout,
+                                                      engine=self._engine)
       elif existing.config is not cfg and not same_table(existing.config, cfg):
         raise ValueError(f"two different tables are named {cfg.name!r}")
     self.train_in_backward = train_in_backward
@@ -167,22 +166,6 @@ class ShardedLookup(tf.Module):
         self._lookup_tables[part.name] = part
     self._groups = groups_lib.make_groups(self._lookup_tables, table_stacking,
                                           self.comm.num_replicas)
-    if update_trigger is None:
-      with tf.init_scope():
-        update_trigger = tf.Variable(0.0, trainable=True,
-                                     name="sparse_update_trigger")
-    self.update_trigger = update_trigger
-
-  def _init_tpu_engine(self, feature_configs, table_stacking, strategy,
-                       update_trigger):
-    """Under TPUStrategy: TensorFlow's TPU embedding engine holds, looks up
-    and trains every table (`tfde.tables.tpu`)."""
-    self.comm = None
-    self.train_in_backward = True
-    self._engine = tpu_tables.TPUEngine(feature_configs, table_stacking, strategy)
-    self.tables = {f.table.name: tables_lib.make_table(f.table, engine=self._engine)
-                   for f in feature_configs}
-    self._lookup_tables, self._groups = dict(self.tables), []
     if update_trigger is None:
       with tf.init_scope():
         update_trigger = tf.Variable(0.0, trainable=True,
@@ -221,7 +204,8 @@ class ShardedLookup(tf.Module):
                                                        length)
       ids = table.check_ids(ids, name)
       flat.append(inputs_lib.FlatFeature(name, table, ids, splits, w, length,
-                                         output_splits))
+                                         output_splits,
+                                         source=(inputs[name], weights.get(name))))
     return flat
 
   # Trace-time Python only: autograph must not rewrite the pipeline.
@@ -233,14 +217,6 @@ class ShardedLookup(tf.Module):
     passes its weight's value). `training=False` (evaluation, serving)
     keeps dynamic tables as they are: no sightings counted, no rows made.
     """
-    if self._engine is not None:
-      unknown = sorted(set(inputs) ^ set(self.feature_configs))
-      if unknown:
-        raise ValueError(f"features {unknown} are missing or not configured; "
-                         f"configured: {sorted(self.feature_configs)}")
-      return self._engine.lookup(
-          inputs, weights,
-          tf.convert_to_tensor(self.update_trigger if trigger is None else trigger))
     flat = self.flatten(inputs, weights)
     comm = comm_lib.current()
     if comm.num_replicas != self.comm.num_replicas:
@@ -304,8 +280,7 @@ class ShardedLookup(tf.Module):
         members = list(features)
         for i in trained:
           members[i] = dataclasses.replace(members[i], weights=next(given))
-        step = self._input_dist(group, members, combiners, fused_ids)
-        step.outputs = self._compute_and_output_dist(step, training)
+        step = group.forward(self, members, combiners, fused_ids, training)
         steps.append(step)
         outputs.extend(step.outputs)
 
@@ -323,6 +298,13 @@ class ShardedLookup(tf.Module):
     with tables_lib.graph_saving.custom_gradients_see_rank_local_variables(), \
         comm_lib.key_space(self._key_space):
       return lookup(trigger, *[p[1][i].weights for p in prepared for i in p[4]])
+
+  def exchange_forward(self, group, features, combiners, fused_ids, training):
+    """A group's forward through the replicas' exchange (`TableGroup.forward`):
+    stage 1, then stages 2 and 3."""
+    step = self._input_dist(group, features, combiners, fused_ids)
+    step.outputs = self._compute_and_output_dist(step, training)
+    return step
 
   def _input_dist(self, group, features, combiners, fused_ids):
     """Stage 1: dedup, group the unique ids by owner, and send each owner
@@ -404,6 +386,14 @@ class ShardedLookup(tf.Module):
     if not trained_weights:
       return []
     routed = step.routed
+    if routed is None:
+      # An engine's step (TPU embedding): the rows never leave the engine.
+      names = ", ".join(inputs_lib.describe(step.features[i].name,
+                                            step.features[i].table.name)
+                        for i in trained_weights)
+      raise ValueError(f"{names}: gradients of the weights are asked for, but "
+                       "the embedding engine holding the table gives none; stop "
+                       "them with tf.stop_gradient")
     rows = step.rows
     if rows is None:  # fused: the forward wrote no rows
       rows = step.group.lookup_local(step.replica, routed.requested, routed.counts,
@@ -424,8 +414,8 @@ class ShardedLookup(tf.Module):
     one optimizer step per table (or IndexedSlices, SOK style). One entry
     per group in `steps`, `output_grads` and `trained_weights`."""
     steps = [group_step.deduped(step) for step in steps]
-    grads = [[tf.zeros(tf.stack([tf.size(f.row_splits) - 1, step.group.width]), tf.float32)
-              if g is None else g for f, g in zip(step.features, step_grads)]
+    grads = [[tf.zeros_like(out) if g is None else g
+              for out, g in zip(step.outputs, step_grads)]
              for step, step_grads in zip(steps, output_grads)]
     weights_grads = [w for step, g, trained in zip(steps, grads, trained_weights)
                      for w in self._weights_gradients(step, g, trained)]
@@ -436,8 +426,9 @@ class ShardedLookup(tf.Module):
                                                           variables)
     return [trigger_grad] + weights_grads, variables_grads
 
-  def _owned_gradients(self, step, grads):
-    """(rows this replica owns, their gradients summed over every replica)."""
+  def exchange_gradients(self, step, grads):
+    """(rows this replica owns, their gradients summed over every replica),
+    through the replicas' exchange (`TableGroup.backward_gradients`)."""
     group = step.group
     output_grad = grads[0] if len(grads) == 1 else tf.concat(grads, 0)
     splits, weights, combiner = step.batch
@@ -460,7 +451,7 @@ class ShardedLookup(tf.Module):
       # replica: exchanges left free to run together would each hold an
       # executor thread while they wait for their peers.
       with tf.control_dependencies(previous):
-        rows, summed = self._owned_gradients(step, g)
+        rows, summed = step.group.backward_gradients(self, step, g)
       owned.append((rows, summed))
       previous = [rows] + group_step.tensors_of(summed)
     if self.train_in_backward:

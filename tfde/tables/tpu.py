@@ -11,13 +11,17 @@
 >>> config.disable_table_stacking, config.max_ids_per_table
 (True, {'a': 64})
 
-Under `tf.distribute.TPUStrategy` a `ShardedLookup` (and so the Keras
-layer) builds one `TPUEngine`: `TPUEmbeddingV2` on TPUs with SparseCore,
+Under `tf.distribute.TPUStrategy` the communicator is a
+`tfde.comm.TPUCommunicator`, and `engine_for` builds one `TPUEngine` for
+a lookup's tables: `TPUEmbeddingV2` on TPUs with SparseCore,
 `TPUEmbedding` on older ones, fed with `tfde.tpu`'s converted configs
 (optimizers reconciled; Adam's bias correction reads the engine's step
-counter). Each table is a `TPUTable`, whose rows live in the engine. It
-trains as keras-rs's TensorFlow backend does: a `tf.custom_gradient` on
-the lookup whose backward calls the engine's `apply_gradients`.
+counter). Each table is a `TPUTable`, whose rows live in the engine, and
+the tables form one `tfde.groups.EngineGroup`: the pipeline validates the
+inputs as for any table, then the group's step hands them to the engine
+(`activations`), and the backward hands it the output gradients
+(`apply_gradients`), as keras-rs's TensorFlow backend does. The pipeline
+never asks which kind it runs: the group does.
 
 SparseCore settings come from the tfde configs: each table's
 `max_ids_per_partition` / `max_unique_ids_per_partition` go into
@@ -38,7 +42,9 @@ import collections
 
 import tensorflow as tf
 
+from tfde import inputs
 from tfde import tpu as tpu_lib
+from tfde.ops import checks
 
 _EMBEDDING = tf.tpu.experimental.embedding
 
@@ -52,11 +58,14 @@ ENGINES = {
 }
 
 
-def tpu_strategy():
-  """The current TPUStrategy (TPUStrategy, TPUStrategyV1), or None."""
-  strategy = tf.distribute.get_strategy()
-  names = {cls.__name__ for cls in type(strategy).__mro__}
-  return strategy if names & {"TPUStrategyV2", "TPUStrategy", "TPUStrategyV1"} else None
+def engine_for(feature_configs, table_stacking, communicator):
+  """The `TPUEngine` that holds every table of a lookup of `feature_configs`
+  (tfde's, flat) under TPUStrategy (`communicator` a TPUCommunicator), or
+  None under any other runtime."""
+  strategy = getattr(communicator, "tpu_strategy", None)
+  if strategy is None:
+    return None
+  return TPUEngine(feature_configs, table_stacking, strategy)
 
 
 def hardware(strategy):
@@ -189,59 +198,58 @@ class TPUEngine(tf.Module):
     self.embedding = ENGINES[self.kind](self.tpu_feature_configs,
                                         self.sparse_core_config)
 
-  def lookup(self, inputs, weights, trigger):
-    """Feature name -> activation; the backward pass applies each table's
-    optimizer in the engine (`apply_gradients`) and counts the step."""
-    inputs = {name: self._as_engine_input(name, x) for name, x in inputs.items()}
-    weights = {name: (None if weights is None or weights.get(name) is None else
-                      self._as_engine_input(name, weights[name]))
-               for name in inputs}
-    names = sorted(inputs)
+  def activations(self, features, training):
+    """The engine's lookup of `features` (`tfde.inputs.FlatFeature`s,
+    validated): (their activations, in order; what the engine preserves for
+    `apply_gradients`)."""
+    inputs, weights = {}, {}
+    for feature in features:
+      inputs[feature.name], weights[feature.name] = self._as_engine_input(feature)
+    if self.kind == "sparsecore":
+      activations, preserved = self.embedding(inputs, weights)
+    else:
+      self.embedding.enqueue(inputs, weights, training=training)
+      activations, preserved = self.embedding.dequeue(), None
+    return [activations[f.name] for f in features], preserved
 
-    @tf.custom_gradient
-    def lookup(trigger_value):
-      if self.kind == "sparsecore":
-        activations, preserved = self.embedding(inputs, weights)
-      else:
-        self.embedding.enqueue(inputs, weights, training=True)
-        activations, preserved = self.embedding.dequeue(), None
+  def apply_gradients(self, gradients, preserved):
+    """Each table's optimizer step in the engine, from feature name ->
+    output gradient; counts the step. Returns the new count."""
+    if self.kind == "sparsecore":
+      applied = self.embedding.apply_gradients(gradients, preserved_outputs=preserved)
+    else:
+      applied = self.embedding.apply_gradients(gradients)
+    with tf.control_dependencies([a for a in tf.nest.flatten(applied)
+                                  if a is not None]):
+      return self.iterations.assign_add(1)
 
-      def grad_fn(*grads, variables=None):
-        # The engine's variables train in apply_gradients, not by the tape.
-        gradients = dict(zip(names, grads))
-        if self.kind == "sparsecore":
-          applied = self.embedding.apply_gradients(gradients,
-                                                   preserved_outputs=preserved)
-        else:
-          applied = self.embedding.apply_gradients(gradients)
-        with tf.control_dependencies([a for a in tf.nest.flatten(applied)
-                                      if a is not None]):
-          counted = self.iterations.assign_add(1)
-        # Zero, computed from the step count so the updates run first.
-        return (tf.zeros_like(trigger_value) * tf.cast(counted, trigger_value.dtype),
-                [None] * len(variables or []))
-
-      return [activations[n] for n in names], grad_fn
-
-    return dict(zip(names, lookup(trigger)))
-
-  def _as_engine_input(self, name, value):
-    # A dense [batch, hotness] input is one sample per row, combined
-    # (keras-rs and tfde); TPU embedding would read it as a sequence.
-    feature = self.feature_configs[name]
-    if (isinstance(value, tf.Tensor) and value.shape.rank == 2 and
-        not getattr(feature, "max_sequence_length", None)):
-      return tf.RaggedTensor.from_tensor(value)
-    return value
+  @staticmethod
+  def _as_engine_input(feature):
+    """(ids, weights) as the engine takes them. A pooled feature goes as
+    ragged, from its validated ids: a dense [batch, hotness] input is one
+    sample per row, combined (keras-rs and tfde), where TPU embedding would
+    read it as a sequence. A sequence feature goes as given, its
+    positions intact."""
+    if feature.sequence_length is None and feature.output_splits is None:
+      ragged = lambda values: tf.RaggedTensor.from_row_splits(  # noqa: E731
+          values, feature.row_splits, validate=False)
+      return (ragged(feature.ids),
+              None if feature.weights is None else ragged(feature.weights))
+    return feature.source
 
 
 class TPUTable:
-  """A table whose rows live in the TPU engine (a table kind for
-  `make_table`'s TPU branch). Its whole-table state is the engine's: save
-  and restore the layer with `tf.train.Checkpoint` (TensorFlow's format,
-  which `tfde.tpu.restore_tpu_checkpoint` reads back off TPU)."""
+  """A table whose rows live in the TPU engine (the kind `make_table`
+  makes with an engine). Its whole-table state is the engine's: save and
+  restore the layer with `tf.train.Checkpoint` (TensorFlow's format, which
+  `tfde.tpu.restore_tpu_checkpoint` reads back off TPU).
 
-  is_dynamic = False
+  Non-finite gradients: the pipeline's one finite flag per table reaches
+  the engine as zero gradients for that table (SGD and Adagrad then change
+  nothing; Adam and FTRL move their slots as a zero gradient does), and
+  with nonfinite="error" an assertion fails the step first (an assertion
+  that XLA may compile away on a TPU, where the zeros remain)."""
+
   replicated = False
   routes_ids = False
 
@@ -254,14 +262,34 @@ class TPUTable:
   def name(self):
     return self.config.name
 
+  @property
+  def embedding_dim(self):
+    return self.config.embedding_dim
+
+  @property
+  def is_dynamic(self):
+    return False
+
   def check_ids(self, ids, feature_name):
-    del feature_name
-    return ids
+    # Before the engine sees them, as any table's (the engine's own check,
+    # where it has one, names neither the feature nor the table).
+    return inputs.check_id_range(ids, self.config.vocabulary_size, feature_name,
+                                 self.name)
 
   def _engine_only(self, *args, **kwargs):
     raise NotImplementedError(
         f"table {self.name!r} lives in the TPU embedding engine, which looks "
         "it up, trains and checkpoints it as a whole")
 
-  lookup_local = apply_gradient = gradient_variable = _engine_only
-  state = load_state = use_optimizer = _engine_only
+  lookup_local = apply_gradient = gradient_variable = gradient_slices = _engine_only
+  state = load_state = use_optimizer = local_variables = _engine_only
+
+  def nonfinite_checks(self, replica, finite):
+    del replica
+    if finite is None or self.config.nonfinite == "skip":
+      return []
+    return [checks.assert_that(
+        finite, f"table {self.name}: the gradient of engine step ",
+        tf.convert_to_tensor(self.engine.iterations) + 1,
+        " holds NaN or Inf; no table of the step was updated "
+        "(TableConfig(nonfinite='skip') hands the engine zeros instead)")]
