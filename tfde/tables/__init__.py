@@ -14,7 +14,8 @@
 - `table_row_wise.py`: a static table's rows spread over a few replicas
   (one worker's);
 - `tpu.py`: under TPUStrategy, TensorFlow's TPU embedding engine holds the
-  tables (`TPUTable`, made by `ShardedLookup` with its `TPUEngine`);
+  tables (`TPUTable`, made with the `TPUEngine` of `tpu.engine_for`, and
+  looked up and trained by `tfde.groups.EngineGroup`);
 - `graph_saving.py`: whole tables in TF1 savers (estimator checkpoints).
 
 A new kind (an engine, a sharding kind) is a new file with a class
