@@ -269,6 +269,42 @@ def test_weights_of_another_optimizer_still_load():
   np.testing.assert_array_equal(target.tables["t"].full_table(), np.full((6, 2), 3.0))
 
 
+def test_a_store_collected_while_a_function_traces_is_freed_outside_it():
+  """The garbage collector runs a dead store's finalizer wherever it runs:
+  here inside a tf.function's trace (a strategy's replica thread traces
+  too). The rows must be freed then and there, and the traced function
+  must not hold a DestroyResourceOp of an unrelated store (graph-mode
+  destroys inside traces once hung the suite in CI)."""
+  import gc  # pylint: disable=g-import-not-at-top
+  from tfde.ops import native  # pylint: disable=g-import-not-at-top
+  if native.load() is None:
+    pytest.skip("the kernels are not built")
+  spec = tfde.tables.DynamicTable(tfde.TableConfig(
+      name="d", vocabulary_size=None, embedding_dim=4, optimizer="sgd")).spec
+
+  class Cycle:  # freed by the collector only, never by a reference count
+    pass
+
+  gc.disable()
+  try:
+    held = Cycle()
+    held.store, held.me = native.NativeDynamicStore(spec, "collected"), held
+    store_handle = held.store._handle
+    del held
+
+    @tf.function
+    def traced(x):
+      gc.collect()
+      return x + 1
+
+    graph = traced.get_concrete_function(tf.constant(1)).graph
+  finally:
+    gc.enable()
+  assert "DestroyResourceOp" not in {op.type for op in graph.get_operations()}
+  with pytest.raises(tf.errors.NotFoundError):
+    native.load().tfde_dynamic_table_stats(store_handle)
+
+
 def test_deleted_dynamic_tables_free_their_rows():
   """The kernel's hash table is a named resource, which TensorFlow keeps
   until it is destroyed: a dynamic table's rows must go with the table

@@ -11,6 +11,7 @@ import os
 import weakref
 
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from tfde.ops import types
 from tfde.ops.checks import index_tensor
@@ -159,8 +160,13 @@ def _int64(value, name):
 
 
 def _destroy_resource(handle, device):
+  # A weakref callback runs wherever the garbage collector happens to run:
+  # in any thread, possibly one tracing a tf.function (a strategy's replica
+  # thread). There, in graph mode, the op would join the traced graph,
+  # leaving the rows allocated (and, inside the trace, once hung a suite).
+  # Eagerly, as TensorFlow's own resource deleters do.
   try:
-    with tf.device(device):
+    with context.eager_mode(), tf.device(device):
       tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
   except Exception:  # pylint: disable=broad-except
     pass  # interpreter shutdown: nothing left to free
