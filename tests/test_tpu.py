@@ -2,6 +2,7 @@
 the same lookups as TensorFlow's TPUEmbeddingForServing, and TPU
 checkpoints both ways (mid-level API and a synthetic SparseCore layout)."""
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -507,6 +508,9 @@ class _FakeTPUStrategy:
     self.extended = type("Extended", (), {"tpu_hardware_feature": _Hardware(kind)})()
 
 
+Preserved = collections.namedtuple("Preserved", ["row_pointers", "sample_count"])
+
+
 class _StandInEngine:
   """Records what tfde gives TPU's engine; looks up with
   TPUEmbeddingForServing (the same TPU configs), so answers can be checked."""
@@ -522,7 +526,9 @@ class _StandInEngine:
 
   def __call__(self, inputs, weights):       # TPUEmbeddingV2
     self.calls.append((inputs, weights))
-    return self.serving(inputs, weights), "preserved"
+    # As TPUEmbeddingV2's: per table, a namedtuple of tensors and ints.
+    preserved = {name: Preserved(tf.constant([0, 1]), 2) for name in inputs}
+    return self.serving(inputs, weights), preserved
 
   def enqueue(self, inputs, weights, training):   # TPUEmbedding
     self.calls.append((inputs, weights))
@@ -639,14 +645,17 @@ def test_engine_looks_up_and_trains_through_the_layer(stand_in_tpu, kind):
   assert int(layer._lookup.tables["a"].engine.iterations.numpy()) == 1
 
 
-def test_engine_tables_go_through_the_pipelines_checks(stand_in_tpu):
-  """Under TPUStrategy the engine's tables are a group of the one pipeline:
-  bad ids get tfde's error naming the feature and table before the engine
-  sees them; a table whose step is not finite is handed zeros (nonfinite=
-  "skip") or fails the step with its name ("error"), the other tables'
-  gradients reach the engine untouched; asked-for weight gradients are
-  refused by name; a sequence feature reaches the engine as given."""
-  stand_in_tpu("sparsecore")
+@pytest.mark.parametrize("kind", ["sparsecore", "tensorcore"])
+def test_engine_group_hands_over_inputs_and_guards_its_update(stand_in_tpu, kind):
+  """Under TPUStrategy the engine's tables are one group of the pipeline
+  (run eagerly: the stand-in's TPUEmbeddingForServing cannot be traced
+  with ragged inputs): the engine gets the inputs as given (a
+  sequence feature's positions intact, weights alongside) and back what it
+  preserved, untouched; a table whose step is not finite is handed zeros
+  (nonfinite="skip") or fails the step by name ("error", off TPU: XLA drops
+  assertions), while the other tables' gradients reach the engine as
+  they are."""
+  stand_in_tpu(kind)
   features = _engine_features()
   features["a"] = tfde.FeatureConfig(
       name="f_a", table=dataclasses.replace(features["a"].table, nonfinite="skip"),
@@ -654,46 +663,58 @@ def test_engine_tables_go_through_the_pipelines_checks(stand_in_tpu):
   features["d"] = tfde.FeatureConfig(name="f_d", table=features["d"].table,
                                      input_shape=(2, 3), output_shape=(2, 3, 4),
                                      max_sequence_length=3)
-  lookup = tfde.lookup.ShardedLookup(features)
+  lookup = tfde.lookup.ShardedLookup(features, table_stacking=None)
   engine = _StandInEngine.made[-1]
   inputs = {"f_a": _ragged([[1], [2, 3]]), "f_b": _ragged([[5], [6]]),
             "f_c": _ragged([[7], [8]]), "f_d": _ragged([[1, 2], [3]])}
-  with pytest.raises(tf.errors.InvalidArgumentError, match="feature f_b \\(table b\\)"):
-    lookup({**inputs, "f_b": _ragged([[5], [41]])})
-  assert not engine.calls
+  weights = {"f_b": tf.ragged.constant([[0.5], [2.0]])}
 
-  with tf.GradientTape() as tape:
-    out = lookup(inputs)
-    loss = (tf.reduce_sum(out["f_a"]) * np.nan + tf.reduce_sum(out["f_b"]) +
-            2 * tf.reduce_sum(out["f_c"]) + tf.reduce_sum(out["f_d"]))
-  tape.gradient(loss, lookup.trainable_variables)
-  sent, _ = engine.calls[-1]
-  assert sent["f_d"] is inputs["f_d"]                  # as given: positions kept
+  def step(inputs, weights, poison):
+    with tf.GradientTape() as tape:
+      out = lookup(inputs, weights)
+      loss = (tf.reduce_sum(out["f_a"]) * poison + tf.reduce_sum(out["f_b"]) +
+              2 * tf.reduce_sum(out["f_c"]) + tf.reduce_sum(out["f_d"]))
+    tape.gradient(loss, lookup.trainable_variables)
+    return out
+
+  out = step(inputs, weights, tf.constant(np.nan))
+  sent, sent_weights = engine.calls[-1]
+  assert isinstance(sent["f_d"], tf.RaggedTensor)          # positions kept
+  assert sent_weights["f_b"] is not None and sent_weights["f_a"] is None
   assert out["f_d"].shape == (2, 3, 4)
-  gradients, _ = engine.applied[-1]
+  gradients, preserved = engine.applied[-1]
+  if kind == "sparsecore":
+    assert isinstance(preserved["f_a"], Preserved) and preserved["f_a"].sample_count == 2
   np.testing.assert_array_equal(gradients["f_a"], 0)   # NaN: zeros for table a
   np.testing.assert_array_equal(gradients["f_b"], 1)
   np.testing.assert_array_equal(gradients["f_c"], 2)
   np.testing.assert_array_equal(gradients["f_d"], 1)
+  iterations = lookup.tables["a"].engine.iterations
+  assert int(iterations.numpy()) == 1
 
-  # nonfinite="error" (table b's default): the step fails naming the table,
-  # and the engine applies nothing.
-  applied = len(engine.applied)
-  with pytest.raises(tf.errors.InvalidArgumentError, match="table b: .*NaN or Inf"):
+  # nonfinite="error" (table b's default): the step fails naming the table
+  # and nothing reaches the engine's update.
+  def poisoned_b(inputs):
     with tf.GradientTape() as tape:
-      out = lookup(inputs)
-      loss = tf.reduce_sum(out["f_b"]) * np.inf
+      loss = tf.reduce_sum(lookup(inputs)["f_b"]) * np.inf
     tape.gradient(loss, lookup.trainable_variables)
-  assert len(engine.applied) == applied
 
-  weights = {name: tf.ones_like(ids, tf.float32) for name, ids in inputs.items()
-             if name != "f_d"}
-  weights = {name: tf.Variable(w.flat_values) for name, w in weights.items()}
-  with pytest.raises(ValueError, match="feature f_a \\(table a\\).*tf.stop_gradient"):
-    with tf.GradientTape() as tape:
-      out = lookup(inputs, {name: tf.RaggedTensor.from_row_splits(
-          w, inputs[name].row_splits) for name, w in weights.items()})
-    tape.gradient(out["f_a"], [weights["f_a"]])
+  with pytest.raises(tf.errors.InvalidArgumentError, match="table b: .*NaN or Inf"):
+    poisoned_b(inputs)
+  assert int(iterations.numpy()) == 1
+
+
+def test_what_the_engine_cannot_hold_is_refused_by_name(stand_in_tpu):
+  stand_in_tpu("sparsecore")
+  features = _engine_features()
+  with pytest.raises(ValueError, match="train_in_backward=False"):
+    tfde.lookup.ShardedLookup(features, train_in_backward=False)
+  with pytest.raises(ValueError, match="table 'a'.*TPU embedding engine"):
+    tfde.tables.ShardedTable(features["a"].table)
+  off_tpu = tfde.tables.ShardedTable(features["a"].table,
+                                     comm_lib.LocalCommunicator())
+  with pytest.raises(ValueError, match=r"tables \['a'\] were built before"):
+    tfde.lookup.ShardedLookup(features, tables={"a": off_tpu})
 
 
 def test_sparsecore_placement_off_tpu_keeps_its_error():

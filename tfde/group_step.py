@@ -82,6 +82,14 @@ def deduped(step):
       num_rows=tf.size(unique), deduped=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Carried:
+  """A value the backward carries to a group's update as it is, never
+  mapped (an engine's preserved forward outputs, whose structure and
+  static fields its update needs intact)."""
+  value: object
+
+
 def map_tensors(fn, grads):
   """`fn` applied to a gradient's tensors: a tensor, the tensor fields of a
   `BagGradients`, or those in lists, tuples and dicts of them (an engine
@@ -90,6 +98,10 @@ def map_tensors(fn, grads):
     return dataclasses.replace(grads, **{
         f.name: fn(getattr(grads, f.name)) for f in dataclasses.fields(grads)
         if isinstance(getattr(grads, f.name), tf.Tensor)})
+  if isinstance(grads, Carried):
+    return grads
+  if isinstance(grads, tuple) and hasattr(grads, "_fields"):  # a namedtuple
+    return type(grads)(*(map_tensors(fn, g) for g in grads))
   if isinstance(grads, (list, tuple)):
     return type(grads)(map_tensors(fn, g) for g in grads)
   if isinstance(grads, dict):

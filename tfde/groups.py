@@ -241,11 +241,12 @@ class EngineGroup(TableGroup):
     # Nothing is owned here; the update is the engine's, by feature.
     return (tf.zeros([0], tf.int64),
             ([f.name for f in step.features], [f.table.name for f in step.features],
-             list(grads), step.preserved))
+             list(grads), group_step.Carried(step.preserved)))
 
   def apply_gradient(self, replica, owned, grads, finite):
     del replica, owned
     names, tables, grads, preserved = grads
+    preserved = preserved.value
     gradients = {name: tf.where(finite[table], grad, tf.zeros_like(grad))
                  for name, table, grad in zip(names, tables, grads)}
     return [self.engine.apply_gradients(gradients, preserved)]

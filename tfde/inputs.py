@@ -31,8 +31,8 @@ class FlatFeature:
   # the input's row splits for a ragged output.
   sequence_length: object = None
   output_splits: object = None
-  # The (ids, weights) given, for an engine that takes a sequence feature
-  # as it is (`tfde.tables.tpu`).
+  # The (ids, weights) as given, for an engine that takes them so
+  # (`tfde.tables.tpu`); its features carry no flat ids.
   source: object = None
 
 
@@ -179,6 +179,26 @@ def _positions(inputs, row_splits):
   segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
   return (tf.range(row_splits[-1], dtype=tf.int64) -
           tf.gather(row_splits, segment_ids))
+
+
+def flat_feature(feature, table, ids, weights):
+  """Stage 0 of one feature (a `FeatureConfig`) of `table` (which checks
+  the ids, `Table.check_ids`): its ids and weights as given, as flat ids,
+  row splits and weights; a sequence feature unpooled (`unpool`)."""
+  name = feature.name
+  flat_ids, splits, flat_weights = flatten_feature(name, table.name, ids, weights,
+                                                   strings=table.is_dynamic)
+  length = output_splits = None
+  if feature.output != "pooled":
+    if flat_weights is not None:
+      raise ValueError(f"{describe(name, table.name)}: weights are given but the "
+                       f"feature is unpooled (output={feature.output!r}); sequence "
+                       "features take none")
+    # Before the id checks: truncated ids are never looked up.
+    length = feature.max_sequence_length
+    flat_ids, splits, output_splits = unpool(ids, flat_ids, splits, length)
+  flat_ids = table.check_ids(flat_ids, name)
+  return FlatFeature(name, table, flat_ids, splits, flat_weights, length, output_splits)
 
 
 def unpool(inputs, ids, row_splits, max_sequence_length):

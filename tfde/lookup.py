@@ -139,7 +139,8 @@ class ShardedLookup(tf.Module):
     self.tables = dict(tables or {})
     # Under TPUStrategy, TensorFlow's TPU embedding holds every table (None
     # elsewhere); tracked here, so checkpoints hold its variables.
-    self._engine = tpu_tables.engine_for(feature_configs, table_stacking, self.comm)
+    self._engine = tpu_tables.engine_for(feature_configs, table_stacking, self.comm,
+                                         tables, train_in_backward)
     for feature in feature_configs:
       cfg = feature.table
       existing = self.tables.get(cfg.name)
@@ -190,22 +191,9 @@ class ShardedLookup(tf.Module):
       table = self.tables[feature.table.name]
       if name not in inputs:
         raise ValueError(f"{inputs_lib.describe(name, table.name)} is missing from the inputs")
-      ids, splits, w = inputs_lib.flatten_feature(name, table.name, inputs[name],
-                                       weights.get(name), strings=table.is_dynamic)
-      length = output_splits = None
-      if feature.output != "pooled":
-        if w is not None:
-          raise ValueError(f"{inputs_lib.describe(name, table.name)}: weights "
-                           f"are given but the feature is unpooled (output="
-                           f"{feature.output!r}); sequence features take none")
-        # Before the id checks: truncated ids are never looked up.
-        length = feature.max_sequence_length
-        ids, splits, output_splits = inputs_lib.unpool(inputs[name], ids, splits,
-                                                       length)
-      ids = table.check_ids(ids, name)
-      flat.append(inputs_lib.FlatFeature(name, table, ids, splits, w, length,
-                                         output_splits,
-                                         source=(inputs[name], weights.get(name))))
+      # The table's kind says what its lookup takes (flat checked ids for
+      # tfde's exchange; the inputs as given for an engine).
+      flat.append(table.flat_feature(feature, inputs[name], weights.get(name)))
     return flat
 
   # Trace-time Python only: autograph must not rewrite the pipeline.
@@ -386,14 +374,6 @@ class ShardedLookup(tf.Module):
     if not trained_weights:
       return []
     routed = step.routed
-    if routed is None:
-      # An engine's step (TPU embedding): the rows never leave the engine.
-      names = ", ".join(inputs_lib.describe(step.features[i].name,
-                                            step.features[i].table.name)
-                        for i in trained_weights)
-      raise ValueError(f"{names}: gradients of the weights are asked for, but "
-                       "the embedding engine holding the table gives none; stop "
-                       "them with tf.stop_gradient")
     rows = step.rows
     if rows is None:  # fused: the forward wrote no rows
       rows = step.group.lookup_local(step.replica, routed.requested, routed.counts,

@@ -50,6 +50,7 @@ import tensorflow as tf
 from tfde import comm as comm_lib
 from tfde import inputs
 from tfde.ops import checks
+from tfde.tables import tpu as tpu_tables
 from tfde import optimizers
 
 SLOT_PREFIX = "slot_"
@@ -146,6 +147,7 @@ class Table(tf.Module):
     super().__init__(name=config.name)
     self.config = config
     self.comm = communicator or comm_lib.current()
+    tpu_tables.refuse_outside_engine(config, self.comm)
     self.optimizer = config.optimizer
     self.steps = {}
     self.skips = {}
@@ -214,6 +216,12 @@ class Table(tf.Module):
 
 
   # ---- the pipeline's side
+
+  def flat_feature(self, feature, ids, weights):
+    """Stage 0: `feature`'s (a `FeatureConfig` of this table) ids and
+    weights as given, as this table's lookup takes them: an
+    `inputs.FlatFeature` of checked flat ids."""
+    return inputs.flat_feature(feature, self, ids, weights)
 
   def check_ids(self, ids, feature_name):
     """`ids` (int64) of a feature, checked as this table takes them: an

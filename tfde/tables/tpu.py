@@ -17,11 +17,11 @@ a lookup's tables: `TPUEmbeddingV2` on TPUs with SparseCore,
 `TPUEmbedding` on older ones, fed with `tfde.tpu`'s converted configs
 (optimizers reconciled; Adam's bias correction reads the engine's step
 counter). Each table is a `TPUTable`, whose rows live in the engine, and
-the tables form one `tfde.groups.EngineGroup`: the pipeline validates the
-inputs as for any table, then the group's step hands them to the engine
-(`activations`), and the backward hands it the output gradients
-(`apply_gradients`), as keras-rs's TensorFlow backend does. The pipeline
-never asks which kind it runs: the group does.
+the tables form one `tfde.groups.EngineGroup`: the group's step hands the
+inputs, as given, to the engine (`activations`), and the backward hands it
+the output gradients (`apply_gradients`), as keras-rs's TensorFlow backend
+does, after the pipeline's one-flag-per-table finite check. The pipeline
+never asks which kind it runs: the table and its group do.
 
 SparseCore settings come from the tfde configs: each table's
 `max_ids_per_partition` / `max_unique_ids_per_partition` go into
@@ -58,14 +58,35 @@ ENGINES = {
 }
 
 
-def engine_for(feature_configs, table_stacking, communicator):
+def engine_for(feature_configs, table_stacking, communicator, given_tables=None,
+               train_in_backward=True):
   """The `TPUEngine` that holds every table of a lookup of `feature_configs`
   (tfde's, flat) under TPUStrategy (`communicator` a TPUCommunicator), or
-  None under any other runtime."""
+  None under any other runtime. The engine makes and trains every table
+  itself: tables built before (`given_tables`) and gradients returned
+  rather than applied (`train_in_backward=False`) are refused."""
   strategy = getattr(communicator, "tpu_strategy", None)
   if strategy is None:
     return None
+  if given_tables:
+    raise ValueError(f"tables {sorted(given_tables)} were built before the lookup; "
+                     "under TPUStrategy the TPU embedding engine makes every table "
+                     "of a lookup itself (pass none)")
+  if not train_in_backward:
+    raise ValueError("train_in_backward=False returns gradients of tfde's shard "
+                     "variables; under TPUStrategy the TPU embedding engine holds "
+                     "the tables and applies their optimizers itself")
   return TPUEngine(feature_configs, table_stacking, strategy)
+
+
+def refuse_outside_engine(config, communicator):
+  """Under TPUStrategy a table lives in the engine of a lookup: one built on
+  its own there (a ShardedTable, SOK's, mxRec's) would hold a slice of its
+  rows that nothing exchanges."""
+  if getattr(communicator, "tpu_strategy", None) is not None:
+    raise ValueError(f"table {config.name!r}: under TPUStrategy tables live in "
+                     "TensorFlow's TPU embedding engine; build them through "
+                     "tfde.layers.DistributedEmbedding or tfde.lookup.ShardedLookup")
 
 
 def hardware(strategy):
@@ -199,12 +220,15 @@ class TPUEngine(tf.Module):
                                         self.sparse_core_config)
 
   def activations(self, features, training):
-    """The engine's lookup of `features` (`tfde.inputs.FlatFeature`s,
-    validated): (their activations, in order; what the engine preserves for
-    `apply_gradients`)."""
+    """The engine's lookup of `features` (`tfde.inputs.FlatFeature`s of its
+    tables, carrying their inputs as given): (their activations, in order;
+    what the engine preserves for `apply_gradients`)."""
     inputs, weights = {}, {}
     for feature in features:
-      inputs[feature.name], weights[feature.name] = self._as_engine_input(feature)
+      ids, given_weights = feature.source
+      inputs[feature.name] = self._as_engine_input(feature, ids)
+      weights[feature.name] = (None if given_weights is None else
+                               self._as_engine_input(feature, given_weights))
     if self.kind == "sparsecore":
       activations, preserved = self.embedding(inputs, weights)
     else:
@@ -224,18 +248,13 @@ class TPUEngine(tf.Module):
       return self.iterations.assign_add(1)
 
   @staticmethod
-  def _as_engine_input(feature):
-    """(ids, weights) as the engine takes them. A pooled feature goes as
-    ragged, from its validated ids: a dense [batch, hotness] input is one
-    sample per row, combined (keras-rs and tfde), where TPU embedding would
-    read it as a sequence. A sequence feature goes as given, its
-    positions intact."""
-    if feature.sequence_length is None and feature.output_splits is None:
-      ragged = lambda values: tf.RaggedTensor.from_row_splits(  # noqa: E731
-          values, feature.row_splits, validate=False)
-      return (ragged(feature.ids),
-              None if feature.weights is None else ragged(feature.weights))
-    return feature.source
+  def _as_engine_input(feature, value):
+    # A dense [batch, hotness] input is one sample per row, combined
+    # (keras-rs and tfde); TPU embedding would read it as a sequence.
+    if (isinstance(value, tf.Tensor) and value.shape.rank == 2 and
+        feature.sequence_length is None):
+      return tf.RaggedTensor.from_tensor(value)
+    return value
 
 
 class TPUTable:
@@ -244,11 +263,15 @@ class TPUTable:
   restore the layer with `tf.train.Checkpoint` (TensorFlow's format, which
   `tfde.tpu.restore_tpu_checkpoint` reads back off TPU).
 
+  Its lookup takes the feature inputs as given (`flat_feature`): tfde's
+  flattening and id checks would add dynamic shapes and string ops to the
+  TPU program, and XLA compiles assertions away.
+
   Non-finite gradients: the pipeline's one finite flag per table reaches
   the engine as zero gradients for that table (SGD and Adagrad then change
-  nothing; Adam and FTRL move their slots as a zero gradient does), and
-  with nonfinite="error" an assertion fails the step first (an assertion
-  that XLA may compile away on a TPU, where the zeros remain)."""
+  nothing; Adam and FTRL move their slots as a zero gradient does). With
+  nonfinite="error" an assertion fails the step first off TPU; on a TPU,
+  where XLA drops it, the zeros remain and the other tables still train."""
 
   replicated = False
   routes_ids = False
@@ -270,11 +293,16 @@ class TPUTable:
   def is_dynamic(self):
     return False
 
-  def check_ids(self, ids, feature_name):
-    # Before the engine sees them, as any table's (the engine's own check,
-    # where it has one, names neither the feature nor the table).
-    return inputs.check_id_range(ids, self.config.vocabulary_size, feature_name,
-                                 self.name)
+  def flat_feature(self, feature, ids, weights):
+    """Stage 0: the engine takes the inputs as given (`source`), so nothing
+    is added to the TPU program here: tfde's flattening and id checks use
+    dynamic shapes and string ops that a TPU program must send to the host,
+    and XLA compiles their assertions away."""
+    return inputs.FlatFeature(
+        feature.name, self, None, None, None,
+        sequence_length=(feature.max_sequence_length if feature.output == "sequence"
+                         else None),
+        source=(ids, weights))
 
   def _engine_only(self, *args, **kwargs):
     raise NotImplementedError(
@@ -283,6 +311,7 @@ class TPUTable:
 
   lookup_local = apply_gradient = gradient_variable = gradient_slices = _engine_only
   state = load_state = use_optimizer = local_variables = _engine_only
+  full_table = full_slot = _engine_only
 
   def nonfinite_checks(self, replica, finite):
     del replica
