@@ -290,3 +290,39 @@ def test_the_contracts_default_reports_every_row_and_applies_them():
   tfde.tables.Table.apply_changes(target, changes)
   _assert_states_equal({"t": {k: v.numpy() for k, v in target.state().items()}},
                        {"t": {k: v.numpy() for k, v in table.state().items()}})
+
+
+def test_evicted_ids_are_kept_only_while_someone_asks_for_changes():
+  """An evicting dynamic table keeps no record of what it evicts until its
+  first mark (memory stays bounded: bench/memory_bench.py); from a mark on
+  `changes_since` reports the evicted ids; after `forget_changes_before` a
+  mark older than the record is refused by name, not answered short."""
+  config = tfde.TableConfig(
+      name="budget", vocabulary_size=None, embedding_dim=2, optimizer="sgd",
+      dynamic=tfde.DynamicConfig(max_rows_per_shard=3))
+  lookup = tfde.lookup.ShardedLookup({"f": tfde.FeatureConfig(name="f", table=config)})
+  table = lookup.tables["budget"]
+
+  def train(ids):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(lookup({"f": tf.constant([ids], tf.int64)})["f"])
+    tape.gradient(loss, lookup.trainable_variables)
+
+  def recorded():
+    return sum(int(t.size().numpy()) for t in table.evicted_at.values())
+
+  for first in range(0, 30, 3):   # ten steps of three new ids: 27 evicted
+    train([first, first + 1, first + 2])
+  assert table.size() == 3 and recorded() == 0
+  mark = table.mark()
+  train([100, 101, 102])           # evicts 27, 28 and 29
+  changes = table.changes_since(mark)
+  assert sorted(changes["removed_ids"].tolist()) == [27, 28, 29]
+  assert recorded() == 3
+  later = table.mark()
+  table.forget_changes_before(later.step)
+  assert recorded() == 0
+  with pytest.raises(ValueError, match="table 'budget'.*not on record.*save it whole"):
+    table.changes_since(mark)
+  train([200, 201, 202])
+  assert sorted(table.changes_since(later)["removed_ids"].tolist()) == [100, 101, 102]

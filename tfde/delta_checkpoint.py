@@ -239,6 +239,10 @@ class DeltaCheckpointManager:
       kind = "full"
       self._checkpoint.write(path)
     marks = {p: t.mark() for p, t in tables.items()}
+    if kind == "full":
+      # A new chain starts here: this manager asks for nothing older.
+      for p, t in tables.items():
+        t.forget_changes_before(marks[p].step)
     names = sorted(n for n in tf.io.gfile.listdir(self._directory)
                    if n.startswith(prefix + ".") and not n.endswith(".tmp"))
     files = describe_files(self._directory, names)

@@ -326,6 +326,13 @@ class Table(tf.Module):
     # The contents were replaced wholesale: no earlier mark describes them.
     self.lineage = _new_lineage()
 
+  def forget_changes_before(self, step):
+    """A consumer that will ask for no changes before `step` lets the table
+    drop what it keeps only for such questions (a dynamic table's evicted
+    ids); a later `changes_since` of an older mark is then refused by name.
+    Nothing to drop here."""
+    del step
+
   def change_keys(self):
     """The keys of `changes_since`'s dict."""
     return [CHANGED_IDS] + self.state_keys()

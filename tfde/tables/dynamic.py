@@ -71,6 +71,7 @@ class DynamicTable(base.Table):
     self.stores = {}
     self.gradient_variables = {}
     self.evicted_at = {}
+    self.evictions_recorded_from = {}
     for replica in self.comm.local_replicas():
       suffix = f"shard_{replica}_of_{self.num_shards}"
       if self.holds_rows(replica):
@@ -82,6 +83,12 @@ class DynamicTable(base.Table):
           self.evicted_at[replica] = tf.lookup.experimental.MutableHashTable(
               tf.int64, tf.int64, default_value=-1,
               name=f"{self.name}_{suffix}_evicted_at")
+          # Key 0 -> the step from which evictions are on record; absent
+          # until the first mark, so a table no one asks for its changes
+          # keeps no record (it would grow by an entry per eviction).
+          self.evictions_recorded_from[replica] = tf.lookup.experimental.MutableHashTable(
+              tf.int64, tf.int64, default_value=-1,
+              name=f"{self.name}_{suffix}_evictions_recorded_from")
       self._new_step_variable(replica, suffix)
       # A [0, D] stand-in that gradients are taken with respect to when a
       # dynamic table is trained explicitly (SOK's DynamicVariable): its
@@ -164,7 +171,12 @@ class DynamicTable(base.Table):
         def evict():
           ids = store.evict(step, dynamic.evict_after_steps or 0,
                             dynamic.max_rows_per_shard or 0)
-          noted = self.evicted_at[replica].insert(ids, tf.fill(tf.shape(ids), step))
+          recording = self.evictions_recorded_from[replica].lookup(
+              tf.constant(0, tf.int64)) >= 0
+          noted = tf.cond(
+              recording,
+              lambda: self.evicted_at[replica].insert(ids, tf.fill(tf.shape(ids), step)),
+              tf.no_op)
           with tf.control_dependencies([noted]):
             return tf.size(ids, out_type=tf.int64)
 
@@ -302,7 +314,27 @@ class DynamicTable(base.Table):
   def change_keys(self):
     return super().change_keys() + [REMOVED_IDS]
 
+  def mark(self):
+    """As every table's; the first mark also starts the record of evicted
+    ids (`changes_since` reports them), which until then is not kept."""
+    mark = super().mark()
+    for recorded_from in self.evictions_recorded_from.values():
+      if int(recorded_from.lookup(tf.constant(0, tf.int64)).numpy()) < 0:
+        recorded_from.insert(tf.constant([0], tf.int64),
+                             tf.constant([mark.step], tf.int64))
+    return mark
+
+  def _check_eviction_record(self, step):
+    for recorded_from in self.evictions_recorded_from.values():
+      start = int(recorded_from.lookup(tf.constant(0, tf.int64)).numpy())
+      if start < 0 or start > step:
+        raise ValueError(
+            f"table {self.name!r}: the ids evicted since step {step} are not on "
+            f"record (it starts at step {start}: forget_evictions dropped older "
+            "evictions); its changes since are unknown; save it whole")
+
   def _changes_since_step(self, step):
+    self._check_eviction_record(step)
     # The stores export only the rows last seen after the step (every
     # update of a row looks it up, which sets last_seen): the delta's size
     # and time follow the rows changed, not the live rows.
@@ -343,12 +375,21 @@ class DynamicTable(base.Table):
 
   def forget_evictions(self, before_step):
     """Drops the record of ids evicted at or before `before_step` (eager):
-    marks older than it can no longer be asked for changes. The record
-    grows by 16 bytes an eviction until then."""
-    for evicted_at in self.evicted_at.values():
+    marks older than it can no longer be asked for changes (that is a
+    clear error). From the first mark on, the record grows by an entry an
+    eviction until then; `DeltaCheckpointManager` forgets at each full
+    save."""
+    for replica, evicted_at in self.evicted_at.items():
       ids, steps = evicted_at.export()
       evicted_at.remove(tf.boolean_mask(tf.reshape(ids, [-1]),
                                         tf.reshape(steps, [-1]) <= before_step))
+      recorded_from = self.evictions_recorded_from[replica]
+      if int(recorded_from.lookup(tf.constant(0, tf.int64)).numpy()) >= 0:
+        recorded_from.insert(tf.constant([0], tf.int64),
+                             tf.constant([before_step], tf.int64))
+
+  def forget_changes_before(self, step):
+    self.forget_evictions(step)
 
   # ---- views (eager)
 
