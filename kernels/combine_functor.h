@@ -4,6 +4,7 @@
 #define TFDE_KERNELS_COMBINE_FUNCTOR_H_
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "device.h"
@@ -98,6 +99,16 @@ struct EmbeddingCombineGrad<GPUDevice, T> {
 
 }  // namespace functor
 
+// acc[0, dim) += w * row[0, dim): the combine's arithmetic, compiled for
+// AVX2 and for baseline x86-64 (TFDE_VECTOR_CLONES), whichever the machine
+// runs. No fused multiply-add: each product and sum rounds as in the
+// baseline build, so outputs are the same bits on every machine (and as
+// the stock-TF serving path's).
+TFDE_VECTOR_CLONES __attribute__((optimize("fp-contract=off"))) inline void AddScaledRow(
+    float* acc, const float* row, float w, int64_t dim) {
+  for (int64_t d = 0; d < dim; ++d) acc[d] += w * row[d];
+}
+
 // The CPU combine loop shared by EmbeddingCombine and CombineFromTables:
 // out[b] = the sum over ids i of sample b of coefficient[i] * row_of(inverse[i])
 // (a row of `dim` T), in parallel over samples, each id's row prefetched a
@@ -122,7 +133,11 @@ void CombineRows(OpKernelContext* ctx, const Tensor& splits_t, const Coefficient
         }
         const float w = coefficient[i];
         const T* row = row_of(inverse[i]);
-        for (int64_t d = 0; d < dim; ++d) acc[d] += w * static_cast<float>(row[d]);
+        if constexpr (std::is_same_v<T, float>) {
+          AddScaledRow(acc.data(), row, w, dim);
+        } else {
+          for (int64_t d = 0; d < dim; ++d) acc[d] += w * static_cast<float>(row[d]);
+        }
       }
       T* o = out + b * dim;
       for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
