@@ -4,7 +4,6 @@
 #define TFDE_KERNELS_COMBINE_FUNCTOR_H_
 
 #include <algorithm>
-#include <type_traits>
 #include <vector>
 
 #include "device.h"
@@ -99,20 +98,36 @@ struct EmbeddingCombineGrad<GPUDevice, T> {
 
 }  // namespace functor
 
-// acc[0, dim) += w * row[0, dim): the combine's arithmetic, compiled for
-// AVX2 and for baseline x86-64 (TFDE_VECTOR_CLONES), whichever the machine
-// runs. No fused multiply-add: each product and sum rounds as in the
-// baseline build, so outputs are the same bits on every machine (and as
-// the stock-TF serving path's).
-TFDE_VECTOR_CLONES __attribute__((optimize("fp-contract=off"))) inline void AddScaledRow(
-    float* acc, const float* row, float w, int64_t dim) {
-  for (int64_t d = 0; d < dim; ++d) acc[d] += w * row[d];
+// Samples [b0, b1) of CombineRows: out[b] = the sum over ids i of sample b
+// of coefficient[i] * row_of(inverse[i]), each id's row prefetched a few
+// ids ahead. Compiled for AVX2 and for baseline x86-64
+// (TFDE_VECTOR_CLONES), whichever the machine runs, without fused
+// multiply-add: each product and sum rounds as in the baseline build, so
+// the outputs are the same bits on every machine (and as the stock-TF
+// serving path's).
+template <typename T, typename Split, typename RowOf>
+TFDE_VECTOR_CLONES __attribute__((optimize("fp-contract=off"))) void CombineSamples(
+    const Split* splits, int64_t b0, int64_t b1, const int32_t* inverse,
+    const float* coefficient, int64_t dim, const RowOf& row_of, T* out) {
+  std::vector<float> acc(dim);
+  const int64_t last = splits[b1];
+  for (int64_t b = b0; b < b1; ++b) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (Split i = splits[b]; i < splits[b + 1]; ++i) {
+      if (i + kPrefetchDistance < last) {
+        PrefetchRow(row_of(inverse[i + kPrefetchDistance]), dim * sizeof(T), false);
+      }
+      const float w = coefficient[i];
+      const T* row = row_of(inverse[i]);
+      for (int64_t d = 0; d < dim; ++d) acc[d] += w * static_cast<float>(row[d]);
+    }
+    T* o = out + b * dim;
+    for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
+  }
 }
 
-// The CPU combine loop shared by EmbeddingCombine and CombineFromTables:
-// out[b] = the sum over ids i of sample b of coefficient[i] * row_of(inverse[i])
-// (a row of `dim` T), in parallel over samples, each id's row prefetched a
-// few ids ahead.
+// The CPU combine loop shared by EmbeddingCombine and CombineFromTables,
+// in parallel over samples (CombineSamples).
 template <typename T, typename Split, typename RowOf>
 void CombineRows(OpKernelContext* ctx, const Tensor& splits_t, const Coefficients& c,
                  int64_t dim, const RowOf& row_of, T* out) {
@@ -123,25 +138,7 @@ void CombineRows(OpKernelContext* ctx, const Tensor& splits_t, const Coefficient
   const int64_t n = c.coefficient.NumElements();
   const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
   ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
-    std::vector<float> acc(dim);
-    const int64_t last = splits[b1];
-    for (int64_t b = b0; b < b1; ++b) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (Split i = splits[b]; i < splits[b + 1]; ++i) {
-        if (i + kPrefetchDistance < last) {
-          PrefetchRow(row_of(inverse[i + kPrefetchDistance]), dim * sizeof(T), false);
-        }
-        const float w = coefficient[i];
-        const T* row = row_of(inverse[i]);
-        if constexpr (std::is_same_v<T, float>) {
-          AddScaledRow(acc.data(), row, w, dim);
-        } else {
-          for (int64_t d = 0; d < dim; ++d) acc[d] += w * static_cast<float>(row[d]);
-        }
-      }
-      T* o = out + b * dim;
-      for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
-    }
+    CombineSamples<T, Split, RowOf>(splits, b0, b1, inverse, coefficient, dim, row_of, out);
   });
 }
 
