@@ -92,21 +92,17 @@ class Carried:
 
 def map_tensors(fn, grads):
   """`fn` applied to a gradient's tensors: a tensor, the tensor fields of a
-  `BagGradients`, or those in lists, tuples and dicts of them (an engine
-  group's); other values (names, None) are kept. The same structure back."""
+  `BagGradients`, or those in lists and tuples of them (an engine group's);
+  names and `Carried` values are kept. The same structure back."""
   if isinstance(grads, ops.BagGradients):
     return dataclasses.replace(grads, **{
         f.name: fn(getattr(grads, f.name)) for f in dataclasses.fields(grads)
         if isinstance(getattr(grads, f.name), tf.Tensor)})
   if isinstance(grads, Carried):
     return grads
-  if isinstance(grads, tuple) and hasattr(grads, "_fields"):  # a namedtuple
-    return type(grads)(*(map_tensors(fn, g) for g in grads))
   if isinstance(grads, (list, tuple)):
     return type(grads)(map_tensors(fn, g) for g in grads)
-  if isinstance(grads, dict):
-    return {k: map_tensors(fn, v) for k, v in grads.items()}
-  if grads is None or isinstance(grads, (str, bytes)):
+  if isinstance(grads, str):
     return grads
   return fn(grads)
 

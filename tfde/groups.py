@@ -300,13 +300,14 @@ def make_groups(tables, table_stacking, num_replicas):
   """The groups of `tables` (name -> Table) under `table_stacking`. Tables
   living in an engine form one group per engine (which stacks them
   itself)."""
-  by_engine = collections.defaultdict(list)
+  by_engine, others = collections.defaultdict(list), {}
   for name in sorted(tables):
     engine = getattr(tables[name], "engine", None)
-    if engine is not None:
+    if engine is None:
+      others[name] = tables[name]
+    else:
       by_engine[id(engine)].append(tables[name])
   engine_groups = [EngineGroup(members, num_replicas) for members in by_engine.values()]
-  others = {n: t for n, t in tables.items() if getattr(t, "engine", None) is None}
   return engine_groups + [
       (DynamicGroup if members[0].is_dynamic else StaticGroup)(members, num_replicas)
       for members in stack_tables(others, table_stacking if others else None)]

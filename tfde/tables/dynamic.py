@@ -314,19 +314,24 @@ class DynamicTable(base.Table):
   def change_keys(self):
     return super().change_keys() + [REMOVED_IDS]
 
+  @staticmethod
+  def _record_start(recorded_from):
+    """The step a replica's record of evictions starts at (-1: none kept)."""
+    return int(recorded_from.lookup(tf.constant(0, tf.int64)).numpy())
+
   def mark(self):
     """As every table's; the first mark also starts the record of evicted
     ids (`changes_since` reports them), which until then is not kept."""
     mark = super().mark()
     for recorded_from in self.evictions_recorded_from.values():
-      if int(recorded_from.lookup(tf.constant(0, tf.int64)).numpy()) < 0:
+      if self._record_start(recorded_from) < 0:
         recorded_from.insert(tf.constant([0], tf.int64),
                              tf.constant([mark.step], tf.int64))
     return mark
 
   def _check_eviction_record(self, step):
     for recorded_from in self.evictions_recorded_from.values():
-      start = int(recorded_from.lookup(tf.constant(0, tf.int64)).numpy())
+      start = self._record_start(recorded_from)
       if start < 0 or start > step:
         raise ValueError(
             f"table {self.name!r}: the ids evicted since step {step} are not on "
@@ -384,7 +389,7 @@ class DynamicTable(base.Table):
       evicted_at.remove(tf.boolean_mask(tf.reshape(ids, [-1]),
                                         tf.reshape(steps, [-1]) <= before_step))
       recorded_from = self.evictions_recorded_from[replica]
-      if int(recorded_from.lookup(tf.constant(0, tf.int64)).numpy()) >= 0:
+      if self._record_start(recorded_from) >= 0:
         recorded_from.insert(tf.constant([0], tf.int64),
                              tf.constant([before_step], tf.int64))
 
