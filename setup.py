@@ -136,9 +136,17 @@ class BuildTfdeOps(build_ext):
           sys.stderr.write(result.stderr)
           source = next(a for a in cmd if a.endswith((".cc", ".cu")))
           raise SystemExit(f"tfde: compiling {source} failed")
-    link = [cxx, "-shared", "-o", target] + objects + info["lflags"]
+    link = [cxx, "-shared", "-o", target] + objects
     if cuda:
-      link += ["-L" + os.path.join(self._cuda_home(), "lib64"), "-lcudart"]
+      # The launchers carry the CUDA runtime nvcc built them for, linked in
+      # ahead of TensorFlow's library and kept private to this one: a
+      # CUDA-enabled TensorFlow exports a runtime of its own (a stub over
+      # the libcudart.so of the CUDA it was built with), which may be an
+      # older version than nvcc's. Both drive the device's primary context,
+      # and the launchers run on the streams TensorFlow hands them.
+      link += ["-L" + os.path.join(self._cuda_home(), "lib64"), "-lcudart_static",
+               "-Wl,--exclude-libs,libcudart_static.a", "-ldl", "-lrt", "-lpthread"]
+    link += info["lflags"]
     subprocess.run(link, check=True)
     print(f"tfde: wrote {target}")
 
@@ -148,8 +156,16 @@ class BuildTfdeOps(build_ext):
 
   @staticmethod
   def _cuda_home():
+    # CUDA_HOME, else the toolkit above nvcc, else /usr/local/cuda (where a
+    # wrapper nvcc in /usr/local/bin leaves no headers beside it).
     nvcc = shutil.which("nvcc")
-    return os.path.dirname(os.path.dirname(nvcc)) if nvcc else ""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+                  nvcc and os.path.dirname(os.path.dirname(os.path.realpath(nvcc))),
+                  "/usr/local/cuda"]
+    for home in filter(None, candidates):
+      if os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
+        return home
+    return ""
 
   def _cuda_available(self, info):
     if not shutil.which("nvcc"):
