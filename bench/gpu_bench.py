@@ -123,9 +123,15 @@ def main():
   parser.add_argument("--reps", type=int, default=50)
   parser.add_argument("--torch", help=argparse.SUPPRESS)
   parser.add_argument("--no-torch", action="store_true")
+  parser.add_argument("--profile", action="store_true",
+                      help="only the per-stage split of one step at batch 65,536 "
+                      "(uniform ids), and the ops a tf.profiler trace spends it in")
   args = parser.parse_args()
   if args.torch:
     torch_side(args.torch, args.reps)
+    return
+  if args.profile:
+    profile(args)
     return
 
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -259,6 +265,98 @@ def main():
             f"{results['tfde lazy Adam step'] / results['torch EmbeddingBag + SparseAdam step']:.2f}")
   print(f"\ncopy bandwidth (torch, same run): {copy and round(copy)} GB/s; nominal "
         f"{nominal} GB/s; torch {peers.get('torch')}; FBGEMM: {peers.get('fbgemm_gpu', 'n/a')}")
+
+
+def profile(args):
+  """Per-stage GPU times of one training step (each stage a tf.function of
+  its own, synchronised), then the host's and the GPU's busiest ops in a
+  tf.profiler trace of 3 steps."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tfde  # pylint: disable=g-import-not-at-top
+  device = tf.config.list_logical_devices(DEVICE_TYPE)[0].name
+  label, work, ids = workloads(args.quick)[-1]
+  with tf.device(device):
+    lookup = tfde.lookup.ShardedLookup(work.feature_configs())
+    inputs = {f"f{t}": tf.constant(ids[t]) for t in range(work.tables)}
+    group = lookup._groups[0]  # pylint: disable=protected-access
+    fused = group.fused_ids(lookup.flatten(inputs))
+    splits, weights, combiner = tfde.group_step.as_one_batch(
+        lookup.flatten(inputs), ["sum"] * work.tables)
+    grad = tf.ones([int(splits.shape[0]) - 1, work.dim])
+    unique, inverse, _ = tfde.ops.unique_with_counts(fused)
+    bags = tfde.ops.bag_gradients(grad, inverse, splits, weights, tf.size(unique), combiner)
+
+  def sync(out):
+    np.asarray(tf.nest.flatten(out)[0][:1])
+
+  def mean_ms(fn):
+    for _ in range(3):
+      sync(fn())
+    start = time.perf_counter()
+    for _ in range(args.reps):
+      out = fn()
+    sync(out)
+    return (time.perf_counter() - start) / args.reps * 1e3
+
+  def train():
+    with tf.GradientTape() as tape:
+      out = lookup(inputs)
+      loss = tf.add_n([tf.reduce_sum(v) for v in out.values()])
+    tape.gradient(loss, lookup.trainable_variables)
+    return loss[None]
+
+  stages = {
+      "flatten + fuse ids": lambda: group.fused_ids(lookup.flatten(inputs)),
+      "dedup (unique_with_counts)": lambda: tfde.ops.unique_with_counts(fused),
+      "bag gradient index": lambda: tfde.ops.bag_gradients(
+          grad, inverse, splits, weights, tf.size(unique), combiner).segments,
+      "bag gradients as a matrix (dense())": lambda: bags.dense(),
+      "forward (whole)": lambda: lookup(inputs),
+      "lazy Adam step (whole)": train,
+  }
+  print(f"profile ({label}: {work.describe()}), mean ms of {args.reps}:")
+  for name, fn in stages.items():
+    with tf.device(device):
+      print(f"  {name:44s} {mean_ms(tf.function(fn)):9.3f}", flush=True)
+  logdir = tempfile.mkdtemp(prefix="tfde_gpu_profile")
+  step = tf.function(train)
+  with tf.device(device):
+    sync(step())
+    tf.profiler.experimental.start(logdir)
+    for _ in range(3):
+      out = step()
+    sync(out)
+    tf.profiler.experimental.stop()
+  summarize_trace(logdir)
+
+
+def summarize_trace(logdir, top=22):
+  """The busiest event names of each plane of a tf.profiler trace (host
+  threads: ops as TensorFlow ran them; GPU streams: kernels and copies)."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import collections  # pylint: disable=g-import-not-at-top
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
+  paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+  if not paths:
+    print(f"no trace written under {logdir}")
+    return
+  space = xplane_pb2.XSpace()
+  with open(paths[0], "rb") as f:
+    space.ParseFromString(f.read())
+  for plane in space.planes:
+    totals, counts = collections.Counter(), collections.Counter()
+    for line in plane.lines:
+      if plane.name.startswith("/host") and "python" in line.name.lower():
+        continue
+      for event in line.events:
+        name = plane.event_metadata[event.metadata_id].name[:90]
+        totals[name] += event.duration_ps / 1e9
+        counts[name] += 1
+    if not totals:
+      continue
+    print(f"trace plane {plane.name} ({len(plane.lines)} lines), ms over 3 steps:")
+    for name, ms in totals.most_common(top):
+      print(f"  {ms:9.3f} {counts[name]:6d}x  {name}")
 
 
 if __name__ == "__main__":

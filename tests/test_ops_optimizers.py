@@ -256,16 +256,18 @@ def test_copy_on_read_says_which_side_copies_a_shared_table(op_backend, copy_on_
   """True (TF's choice): after an update every whole read copies the table.
   False (tables read whole each step): reads share its buffer, and an
   update copies it only while such a read is held, which keeps its value."""
-  with tf.device("CPU:0"):  # numpy shares a CPU tensor's buffer
+  # All on the CPU: numpy shares a CPU tensor's buffer (a read placed on a
+  # GPU would copy, whatever the mode).
+  with tf.device("CPU:0"):
     table = tf.Variable(tf.zeros([64, 2]))
-  for step in (1, 2):
-    held = table.read_value()
-    tfde.ops.sparse_apply("sgd", [table], tf.constant([1]), tf.ones([1, 2]), [1.0],
-                          copy_on_read=copy_on_read)
-    np.testing.assert_array_equal(held.numpy()[1], [1 - step] * 2)
-    np.testing.assert_array_equal(table.numpy()[1], [-step] * 2)
-  # Both reads alive at once, so a freed buffer cannot come back as the other.
-  first, second = table.read_value(), table.read_value()
+    for step in (1, 2):
+      held = table.read_value()
+      tfde.ops.sparse_apply("sgd", [table], tf.constant([1]), tf.ones([1, 2]), [1.0],
+                            copy_on_read=copy_on_read)
+      np.testing.assert_array_equal(held.numpy()[1], [1 - step] * 2)
+      np.testing.assert_array_equal(table.numpy()[1], [-step] * 2)
+    # Both reads alive at once, so a freed buffer cannot come back as the other.
+    first, second = table.read_value(), table.read_value()
   reads_share = np.shares_memory(np.asarray(first), np.asarray(second))
   if op_backend == tfde.ops.REFERENCE:
     # The twin's scatter ops always put the variable in copy-on-read mode.

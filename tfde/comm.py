@@ -265,13 +265,19 @@ class Communicator(abc.ABC):
 
 
 class LocalCommunicator(Communicator):
-  """No strategy, or one replica: nothing to exchange."""
+  """No strategy, or one replica: nothing to exchange. `device`: where a
+  one-replica strategy keeps its variables (None: the default device)."""
 
-  def __init__(self):
+  def __init__(self, device=None):
     super().__init__(1)
+    self._device = device
 
   def local_replicas(self):
     return [0]
+
+  def replica_device(self, replica):
+    del replica
+    return self._device
 
   def replica_id(self):
     return 0
@@ -565,6 +571,13 @@ def current():
     if _horovod is None:
       _horovod = HorovodCommunicator(hvd)
     return _horovod
+  if tf.distribute.has_strategy():
+    # One replica: its tables live on the strategy's device, as its other
+    # variables do (a MirroredStrategy over "/cpu:0" on a GPU machine).
+    if strategy not in _by_strategy:
+      devices = getattr(strategy.extended, "worker_devices", None) or [None]
+      _by_strategy[strategy] = LocalCommunicator(devices[0])
+    return _by_strategy[strategy]
   if _local is None:
     _local = LocalCommunicator()
   return _local

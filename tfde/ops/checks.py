@@ -22,10 +22,13 @@ import tensorflow as tf
 def message(parts):
   """The message as a string tensor: strings as they are, tensors as their
   comma-separated elements."""
-  return tf.strings.join([
-      p if isinstance(p, str) else tf.strings.reduce_join(
-          tf.strings.as_string(tf.reshape(p, [-1])), separator=",")
-      for p in parts])
+  # String ops have CPU kernels only: pinned there, a step placed on a GPU
+  # with soft placement off still builds (its Assert reads host memory).
+  with tf.device("/device:CPU:0"):
+    return tf.strings.join([
+        p if isinstance(p, str) else tf.strings.reduce_join(
+            tf.strings.as_string(tf.reshape(p, [-1])), separator=",")
+        for p in parts])
 
 
 def assert_that(condition, *parts):

@@ -14,7 +14,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from tfde.ops import types
-from tfde.ops.checks import index_tensor
+from tfde.ops.checks import assert_that, first_index_where, index_tensor
 
 _LIBRARY_NAME = "_tfde_ops.so"
 _library = None
@@ -122,8 +122,22 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
                 grad.bags, grad.weights, _rows(grad_rows), *scalars,
                 copy_on_read=copy_on_read)
   op = getattr(load(), _SPARSE_APPLY_OPS[kind])
-  return op(*handles, indices, grad, _rows(grad_rows), *scalars,
-            copy_on_read=copy_on_read)
+  rows = _rows(grad_rows)
+  if rows.dtype == tf.int64 and _on_gpu(variables[0]):
+    rows = _narrow_grad_rows(rows, grad)
+  return op(*handles, indices, grad, rows, *scalars, copy_on_read=copy_on_read)
+
+
+def _narrow_grad_rows(rows, grad):
+  # The GPU kernels read int32 gradient rows (a gradient matrix has fewer
+  # than 2**31 rows). A row out of range is refused by name before the
+  # narrowing, as the CPU kernels refuse it, so none wraps onto another row.
+  num_rows = tf.shape(grad, out_type=tf.int64)[0]
+  bad = first_index_where((rows < 0) | (rows >= num_rows))
+  with tf.control_dependencies([assert_that(
+      tf.equal(tf.size(bad), 0), "grad_rows[", bad, "] = ", tf.gather(rows, bad),
+      " is out of range [0, ", num_rows, ")")]):
+    return tf.cast(rows, tf.int32)
 
 
 def _on_gpu(variable):

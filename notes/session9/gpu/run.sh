@@ -16,6 +16,10 @@ if [ ! -e $SITE/tensorflow/__init__.py ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SITE $S/p0/wheels/*.whl || exit 1
   mkdir -p /tmp/cudart12 && (cd /tmp/cudart12 && python3 -m zipfile -e $S/p0/cudart/*.whl .)
 fi
+# CUPTI 12, for tf.profiler's GPU events (bench/gpu_bench.py --profile).
+if ls $S/p5/cupti/*.whl >/dev/null 2>&1 && [ ! -d /tmp/cupti12 ]; then
+  mkdir -p /tmp/cupti12 && (cd /tmp/cupti12 && python3 -m zipfile -e $S/p5/cupti/*.whl .)
+fi
 cp -f $S/p0/_tfde_ops.so tfde/ops/_tfde_ops.so && cp -f $S/p0/_build_info.py tfde/_build_info.py
 # The sonames TensorFlow dlopens before it registers a GPU: the real CUDA 12
 # runtime, and for the rest the image's CUDA 13 libraries under CUDA 12
@@ -30,7 +34,7 @@ for pair in libcublas.so.12:libcublas.so.13 libcublasLt.so.12:libcublasLt.so.13 
   echo "$want -> ${path:-MISSING}"
   [ -n "$path" ] && ln -sf "$path" $SHIM/$want && dirs="$dirs:$(dirname $path)"
 done
-export LD_LIBRARY_PATH=$SHIM$dirs:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$SHIM$dirs:/tmp/cupti12/nvidia/cuda_cupti/lib:${LD_LIBRARY_PATH:-}
 export PYTHONPATH=$SITE:$PWD TF_FORCE_GPU_ALLOW_GROWTH=true PYTHONUNBUFFERED=1
 echo "set up in $(( $(date +%s) - T0 )) s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -48,6 +52,11 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     tests/test_ops.py tests/test_ops_optimizers.py tests/test_sharded.py tests/test_forward_dedup.py \
     2>&1 | tee $OUT/tests.log | grep -v "^WARNING\|^I0000\|^E0000\|^W0000" | tail -40
   echo "tests took $(( $(date +%s) - T1 )) s"
+fi
+if [ "$what" = profile ] || [ "$what" = all ]; then
+  T1=$(date +%s)
+  timeout 150 python3 bench/gpu_bench.py --profile --reps 20 2>&1 | tee $OUT/profile.log | grep -v "^WARNING\|^I0000\|^W0000" | tail -80
+  echo "profile took $(( $(date +%s) - T1 )) s"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   T1=$(date +%s)
