@@ -91,6 +91,12 @@ class TableGroup:
   def gradient_variables(self, replica):
     return [t.gradient_variable(replica) for t in self.tables]
 
+  def device(self, replica):
+    """Where this group's rows on `replica` live (None: not known), so
+    that the ops can pick kernels that exist there."""
+    del replica
+    return None
+
   def gradient_slices(self, replica, owned, grads):
     """id(gradient variable) -> its IndexedSlices gradient (SOK style)."""
     raise NotImplementedError
@@ -157,6 +163,10 @@ class StaticGroup(TableGroup):
     return ops.combine_from_tables([t.shard(replica) for t in tables], requested,
                                    bases, inverse, splits, weights, combiner)
 
+  def device(self, replica):
+    tables, _ = self._local_tables(replica)
+    return tables[0].shard(replica).device if tables else None
+
   def _per_table(self, replica, owned):
     """Per table with rows on `replica`: (the table, its local rows, which
     gradient rows belong to them). Only the index vectors are split; the
@@ -166,8 +176,8 @@ class StaticGroup(TableGroup):
       return []
     if len(tables) == 1:
       return [(tables[0], owned, None)]
-    return [(t,) + tuple(parts)
-            for t, parts in zip(tables, ops.split_rows_by_table(owned, bases))]
+    return [(t,) + tuple(parts) for t, parts in zip(
+        tables, ops.split_rows_by_table(owned, bases, device=self.device(replica)))]
 
   def apply_gradient(self, replica, owned, grads, finite):
     local = self._per_table(replica, owned)

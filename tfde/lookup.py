@@ -415,7 +415,8 @@ class ShardedLookup(tf.Module):
     every_copy = group.replicated and self.comm.num_replicas > 1
     if step.fused and self.train_in_backward and not every_copy:
       return step.routed.requested, ops.gradients_for_update(
-          output_grad, step.routed.answer_index, splits, weights, step.num_rows, combiner)
+          output_grad, step.routed.answer_index, splits, weights, step.num_rows, combiner,
+          device=group.device(step.replica))
     # One gradient row per answered row, so already grouped by owner.
     answer_grad = ops.embedding_combine_grad(output_grad, step.routed.answer_index,
                                              splits, weights, step.num_rows, combiner)

@@ -118,10 +118,18 @@ def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
                                         num_unique, combiner)
 
 
-def split_rows_by_table(rows, bases):
+def on_gpu(device):
+  """Whether the device name `device` (None: unknown) is a GPU's."""
+  return "GPU" in (device or "").upper()
+
+
+def split_rows_by_table(rows, bases, device=None):
   """Per table of a fused row space (table t from bases[t]): (its rows,
-  local to the table, and their positions in `rows`)."""
-  return _impl().split_rows_by_table(rows, bases)
+  local to the table, and their positions in `rows`). `device`: where the
+  tables live; on a GPU the kernel (a CPU one) is not used, the stock ops of
+  its twin are, which have GPU kernels."""
+  impl = reference if on_gpu(device) else _impl()
+  return impl.split_rows_by_table(rows, bases)
 
 
 def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
@@ -147,14 +155,16 @@ def combine_coefficients(row_splits, weights, n, combiner):
 
 
 def gradients_for_update(grad, inverse, row_splits, weights, num_unique,
-                         combiner="sum"):
+                         combiner="sum", device=None):
   """`embedding_combine_grad`'s result in the form a sparse update reads
-  best here: bags on the kernels (summed as the update applies them, no
-  [num_unique, dim] matrix written), the matrix itself on the twins, which
-  have no bag updates. The updates take either."""
-  if current_backend() == REFERENCE:
-    return reference.embedding_combine_grad(grad, inverse, row_splits, weights,
-                                            num_unique, combiner)
+  best where the tables live (`device`): bags on the kernels on a CPU
+  (summed as the update applies them, no [num_unique, dim] matrix
+  written); the matrix itself on the twins, which have no bag updates, and
+  on a GPU, where the combine gradient's kernel writes it faster than the
+  bags (a CPU kernel) are indexed. The updates take either."""
+  if current_backend() == REFERENCE or on_gpu(device):
+    return _impl().embedding_combine_grad(grad, inverse, row_splits, weights,
+                                          num_unique, combiner)
   return bag_gradients(grad, inverse, row_splits, weights, num_unique, combiner)
 
 

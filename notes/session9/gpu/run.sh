@@ -60,6 +60,6 @@ if [ "$what" = profile ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   T1=$(date +%s)
-  timeout 220 python3 bench/gpu_bench.py --reps 50 2>&1 | tee $OUT/bench.log | grep -v "^WARNING\|^I0000\|^W0000" | tail -45
+  timeout 220 python3 bench/gpu_bench.py --reps 20 2>&1 | tee $OUT/bench.log | grep -v "^WARNING\|^I0000\|^W0000" | tail -45
   echo "bench took $(( $(date +%s) - T1 )) s"
 fi
