@@ -25,7 +25,7 @@ KERAS3_LANE_TESTS := tests/test_layers.py tests/test_keras_support.py tests/test
 PYTEST_ARGS ?=
 
 # One .PHONY line per group of targets, so that new targets add lines.
-.PHONY: all env ops hvd-env test test-fast cuda-test fuzz reliability bench demo bazel clean
+.PHONY: all env ops hvd-env test test-fast cuda-test gpu-test gpu-bench fuzz reliability bench demo bazel clean
 .PHONY: planner-bench
 .PHONY: dtensor-test dtensor-bench
 .PHONY: wheel wheel-test docs docs-env
@@ -184,6 +184,21 @@ test-fast: ops
 # pytest suffice). Part of `make test` too, where it skips without a GPU.
 cuda-test:
 	$(PYTHON) -m pytest --noconftest -q -p no:cacheprovider tests/test_cuda_kernels.py
+
+# Inside a CUDA-enabled TensorFlow on a GPU machine (`pip install
+# 'tfde[gpu]'` there, or `make ops` with nvcc and tensorflow[and-cuda]):
+# every GPU kernel against its twin, the pipeline on GPU tables against the
+# numpy reference, and the op and sharding suites with the GPU as the
+# default device; then the benchmark against tf.nn and torch on that GPU.
+GPU_PYTHON ?= $(PYTHON)
+gpu-test:
+	TF_FORCE_GPU_ALLOW_GROWTH=true $(GPU_PYTHON) -m pytest -q -p no:cacheprovider \
+	  tests/test_gpu.py tests/test_ops.py tests/test_ops_optimizers.py \
+	  tests/test_sharded.py tests/test_forward_dedup.py
+
+gpu-bench:
+	TF_FORCE_GPU_ALLOW_GROWTH=true $(GPU_PYTHON) bench/gpu_bench.py
+	TF_FORCE_GPU_ALLOW_GROWTH=true $(GPU_PYTHON) bench/gpu_bench.py --profile
 
 # A long fuzz run (tests/fuzz_cases.py): FUZZ_CASES generated malformed
 # calls of every public op, each on the kernels and on the twins, in child

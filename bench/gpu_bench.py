@@ -181,7 +181,10 @@ def main():
   for w, (label, work, ids) in enumerate(cases):
     unique = [len(np.unique(x)) for x in ids]
     fwd_bytes, train_bytes = work.moved_bytes(unique)
-    print(f"\n== {label}: {work.describe()}; unique ids per table {unique}")
+    described = work.describe()
+    if "uniform" in label:
+      described = described.replace(f"Zipf({work.alpha})", "uniform ids")
+    print(f"\n== {label}: {described}; unique ids per table {unique}")
     results = {}
     with tf.device(gpus[0].name):
       inputs = {f"f{t}": tf.constant(ids[t]) for t in range(work.tables)}

@@ -48,7 +48,7 @@ print("unique on", u[0].device, [x.numpy().tolist() for x in u])
 PY
 if [ "$what" = tests ] || [ "$what" = all ]; then
   T1=$(date +%s)
-  timeout 240 python3 -m pytest -q -p no:cacheprovider -n 6 tests/test_gpu.py \
+  timeout 110 python3 -m pytest -q -p no:cacheprovider -n 6 tests/test_gpu.py \
     tests/test_ops.py tests/test_ops_optimizers.py tests/test_sharded.py tests/test_forward_dedup.py \
     2>&1 | tee $OUT/tests.log | grep -v "^WARNING\|^I0000\|^E0000\|^W0000" | tail -40
   echo "tests took $(( $(date +%s) - T1 )) s"
@@ -60,6 +60,6 @@ if [ "$what" = profile ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   T1=$(date +%s)
-  timeout 220 python3 bench/gpu_bench.py --reps 20 2>&1 | tee $OUT/bench.log | grep -v "^WARNING\|^I0000\|^W0000" | tail -45
+  timeout 120 python3 bench/gpu_bench.py --reps 20 2>&1 | tee $OUT/bench.log | grep -v "^WARNING\|^I0000\|^W0000" | tail -45
   echo "bench took $(( $(date +%s) - T1 )) s"
 fi
