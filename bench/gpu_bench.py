@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from workload import Workload  # noqa: E402  (bench/ is the script's dir)
+from workload import Workload, lookup_steps  # noqa: E402  (bench/ is the script's dir)
 
 # TFDE_GPU_BENCH_AS=CPU: a dry run of this script's logic on a CPU.
 DEVICE_TYPE = os.environ.get("TFDE_GPU_BENCH_AS", "GPU")
@@ -202,17 +202,7 @@ def main():
       with tf.device(gpus[0].name):
         lookup = tfde.lookup.ShardedLookup(configs)
       assert DEVICE_TYPE in lookup.tables["t0"].shards[0].device
-
-      @tf.function
-      def forward(lookup=lookup):
-        return lookup(inputs)
-
-      @tf.function
-      def train(lookup=lookup):
-        with tf.GradientTape() as tape:
-          loss = loss_of(lookup(inputs))
-        tape.gradient(loss, lookup.trainable_variables)
-        return loss[None]
+      forward, train = lookup_steps(lookup, inputs, loss_of)
 
       if name == "lazy Adam":
         results["tfde forward"] = mean_ms(forward)

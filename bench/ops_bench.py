@@ -42,7 +42,7 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tfde  # noqa: E402
 import tfde.ops  # noqa: E402
-from workload import parse_args, timed  # noqa: E402  (bench/ is the script's dir)
+from workload import lookup_steps, parse_args, timed  # noqa: E402  (bench/ is the script's dir)
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -232,17 +232,7 @@ def main():
   for backend in (tfde.ops.KERNELS, tfde.ops.REFERENCE):
     with tfde.ops.backend(backend):
       lookup = tfde.lookup.ShardedLookup(work.feature_configs())
-
-      @tf.function
-      def forward(lookup=lookup):
-        return lookup(inputs)
-
-      @tf.function
-      def train(lookup=lookup):
-        with tf.GradientTape() as tape:
-          loss = loss_of(lookup(inputs))
-        tape.gradient(loss, lookup.trainable_variables)
-        return loss
+      forward, train = lookup_steps(lookup, inputs, loss_of)
 
       results[f"tfde {backend} forward"] = timed(forward, args.reps)
       results[f"tfde {backend} train (lazy Adam)"] = timed(train, args.reps)
@@ -256,14 +246,7 @@ def main():
     for name, optimizer in (("SGD", tfde.optimizers.SGD(learning_rate=0.01)),
                             ("Adagrad", tfde.optimizers.Adagrad(learning_rate=0.01))):
       lookup = tfde.lookup.ShardedLookup(with_optimizer(work.feature_configs(), optimizer))
-
-      @tf.function
-      def train_other(lookup=lookup):
-        with tf.GradientTape() as tape:
-          loss = loss_of(lookup(inputs))
-        tape.gradient(loss, lookup.trainable_variables)
-        return loss
-
+      _, train_other = lookup_steps(lookup, inputs, loss_of)
       results[f"tfde kernels train ({name})"] = timed(train_other, args.reps)
       del lookup
 

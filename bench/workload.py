@@ -56,6 +56,26 @@ class Workload:
             f"Zipf({self.alpha}), sum combiner")
 
 
+def lookup_steps(lookup, inputs, loss_of):
+  """(forward, training step): tf.functions of `lookup` on `inputs`. The
+  step takes the gradient of `loss_of(outputs)`, which trains the tables
+  (their optimizers run in the backward), and returns the loss as [1]."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  @tf.function
+  def forward():
+    return lookup(inputs)
+
+  @tf.function
+  def train():
+    with tf.GradientTape() as tape:
+      loss = loss_of(lookup(inputs))
+    tape.gradient(loss, lookup.trainable_variables)
+    return loss[None]
+
+  return forward, train
+
+
 def timed(fn, reps, warmup=2):
   """Median milliseconds of `fn()` over `reps` runs after `warmup`."""
   for _ in range(warmup):
