@@ -160,16 +160,8 @@ def profile(work, args):
     bags = tfde.ops.bag_gradients(grad, inverse, splits, weights, tf.size(unique), combiner)
     return bags.segments, bags.bags
 
-  @tf.function
-  def forward():
-    return lookup(inputs)
-
-  @tf.function
-  def train():
-    with tf.GradientTape() as tape:
-      out = lookup(inputs)
-      loss = tf.add_n([tf.reduce_sum(v) for v in out.values()])
-    tape.gradient(loss, lookup.trainable_variables)
+  forward, train = lookup_steps(
+      lookup, inputs, lambda out: tf.add_n([tf.reduce_sum(v) for v in out.values()]))
 
   stages = {"flatten + fuse ids": flatten_only, "dedup (unique_with_counts)": dedup,
             "combine from tables": combine,

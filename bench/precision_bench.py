@@ -21,7 +21,7 @@ import tensorflow as tf
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import tfde  # noqa: E402
-from workload import parse_args, timed  # noqa: E402  (bench/ is the script's dir)
+from workload import lookup_steps, parse_args, timed  # noqa: E402  (bench/ is the script's dir)
 
 
 def run(work, dtype, reps):
@@ -35,17 +35,8 @@ def run(work, dtype, reps):
       v.dtype.size * int(np.prod(v.shape[1:])) for t in lookup.tables.values()
       for v in t.local_variables()) / len(lookup.tables)
 
-  @tf.function
-  def forward():
-    return lookup(inputs)
-
-  @tf.function
-  def train():
-    with tf.GradientTape() as tape:
-      out = lookup(inputs)
-      loss = tf.add_n([tf.reduce_sum(o) for o in out.values()])
-    return tape.gradient(loss, lookup.trainable_variables)
-
+  forward, train = lookup_steps(
+      lookup, inputs, lambda out: tf.add_n([tf.reduce_sum(o) for o in out.values()]))
   return row_bytes, timed(forward, reps), timed(train, reps)
 
 
