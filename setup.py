@@ -114,7 +114,8 @@ class BuildTfdeOps(build_ext):
     # GOOGLE_CUDA; their GPU functors are kernels/cuda/*.cc (g++), calling
     # the CUDA launchers kernels/cuda/*.cu.cc (nvcc).
     cuda = self._cuda_available(info)
-    gpu_flags = ["-DGOOGLE_CUDA=1", "-I" + os.path.join(self._cuda_home(), "include")]
+    gpu_flags = (["-DGOOGLE_CUDA=1", "-I" + os.path.join(self._cuda_home(), "include")]
+                 if cuda else [])
     sources = sorted(glob.glob(os.path.join(HERE, "kernels", "*.cc")))
     if cuda:
       sources += sorted(p for p in glob.glob(os.path.join(HERE, "kernels", "cuda", "*.cc"))
@@ -144,7 +145,7 @@ class BuildTfdeOps(build_ext):
       # the libcudart.so of the CUDA it was built with), which may be an
       # older version than nvcc's. Both drive the device's primary context,
       # and the launchers run on the streams TensorFlow hands them.
-      link += ["-L" + os.path.join(self._cuda_home(), "lib64"), "-lcudart_static",
+      link += ["-L" + self._cudart_dir(), "-lcudart_static",
                "-Wl,--exclude-libs,libcudart_static.a", "-ldl", "-lrt", "-lpthread"]
     link += info["lflags"]
     subprocess.run(link, check=True)
@@ -165,7 +166,22 @@ class BuildTfdeOps(build_ext):
     for home in filter(None, candidates):
       if os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
         return home
-    return ""
+    raise SystemExit("tfde: nvcc found but no CUDA toolkit headers (cuda_runtime.h); "
+                     "set CUDA_HOME to the toolkit")
+
+  def _nvcc(self):
+    # The toolkit's own nvcc, so that the launchers and the runtime they
+    # link come from one CUDA version.
+    own = os.path.join(self._cuda_home(), "bin", "nvcc")
+    return own if os.path.exists(own) else shutil.which("nvcc")
+
+  def _cudart_dir(self):
+    for sub in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib")):
+      path = os.path.join(self._cuda_home(), sub)
+      if os.path.exists(os.path.join(path, "libcudart_static.a")):
+        return path
+    raise SystemExit(f"tfde: no libcudart_static.a under {self._cuda_home()}; "
+                     "set CUDA_HOME to the toolkit")
 
   def _cuda_available(self, info):
     if not shutil.which("nvcc"):
@@ -187,7 +203,7 @@ class BuildTfdeOps(build_ext):
     for src in launchers:
       obj = os.path.join(build_dir, os.path.basename(src)[:-3] + ".o")
       objects.append(obj)
-      commands.append(["nvcc", "-c", "-x", "cu", src, "-o", obj, "-O3",
+      commands.append([self._nvcc(), "-c", "-x", "cu", src, "-o", obj, "-O3",
                        "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC",
                        "-std=c++17"] + self._cuda_archs())
     return commands

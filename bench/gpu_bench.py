@@ -40,6 +40,25 @@ DEVICE_TYPE = os.environ.get("TFDE_GPU_BENCH_AS", "GPU")
 NOMINAL_GBPS = {"H100 80GB HBM3": 3350, "H100 PCIe": 2000, "H200": 4800, "A100-SXM4-80GB": 2039}
 
 
+def mean_ms(fn, reps, sync, warmup=3):
+  """Milliseconds per call of `fn` over `reps` calls issued back to back,
+  `sync(output)` waiting for the device once at the end (after warm-up)."""
+  for _ in range(warmup):
+    out = fn()
+  sync(out)
+  start = time.perf_counter()
+  for _ in range(reps):
+    out = fn()
+  sync(out)
+  return (time.perf_counter() - start) / reps * 1e3
+
+
+def tf_sync(out):
+  """Waits for the device: reads one element of the first output back."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  np.asarray(tf.nest.flatten(out)[0][:1])
+
+
 def workloads(quick):
   if quick:
     base = Workload.quick()
@@ -64,20 +83,13 @@ def torch_side(path, reps):
   sync = torch.cuda.synchronize if cuda else (lambda: None)
   out = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if cuda else "cpu"}
 
-  def mean_ms(fn, warmup=5):
-    for _ in range(warmup):
-      fn()
-    sync()
-    start = time.perf_counter()
-    for _ in range(reps):
-      fn()
-    sync()
-    return (time.perf_counter() - start) / reps * 1e3
+  def torch_ms(fn):
+    return mean_ms(fn, reps, lambda _: sync(), warmup=5)
 
   # The copy bandwidth this card reaches (bytes read and written).
   x = torch.empty(1 << (30 if cuda else 24), dtype=torch.uint8, device=dev)
   y = torch.empty_like(x)
-  out["copy GB/s"] = 2 * x.numel() / mean_ms(lambda: y.copy_(x)) / 1e6
+  out["copy GB/s"] = 2 * x.numel() / torch_ms(lambda: y.copy_(x)) / 1e6
   del x, y
   for w in range(int(data["workloads"])):
     ids = [torch.from_numpy(data[f"ids_{w}_{t}"]).to(dev) for t in range(num_tables)]
@@ -92,7 +104,7 @@ def torch_side(path, reps):
       with torch.no_grad():
         return [b(x) for b, x in zip(bags, ids)]
 
-    res["torch EmbeddingBag forward"] = mean_ms(forward)
+    res["torch EmbeddingBag forward"] = torch_ms(forward)
     for name, opt in (("SGD", torch.optim.SGD([b.weight for b in bags], lr=0.01)),
                       ("SparseAdam", torch.optim.SparseAdam([b.weight for b in bags],
                                                             lr=0.001))):
@@ -101,7 +113,7 @@ def torch_side(path, reps):
         loss = sum((b(x) * y).sum() for b, x, y in zip(bags, ids, targets))
         loss.backward()
         opt.step()
-      res[f"torch EmbeddingBag + {name} step"] = mean_ms(step)
+      res[f"torch EmbeddingBag + {name} step"] = torch_ms(step)
     try:
       import fbgemm_gpu  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
       res["FBGEMM"] = "importable but not timed here"
@@ -166,15 +178,8 @@ def main():
       else:
         peers = json.loads(run.stdout.strip().splitlines()[-1])
 
-  def mean_ms(fn, warmup=3):
-    for _ in range(warmup):
-      out = fn()
-    np.asarray(tf.nest.flatten(out)[0][:1])   # waits for the GPU
-    start = time.perf_counter()
-    for _ in range(args.reps):
-      out = fn()
-    np.asarray(tf.nest.flatten(out)[0][:1])
-    return (time.perf_counter() - start) / args.reps * 1e3
+  def tf_ms(fn):
+    return mean_ms(fn, args.reps, tf_sync)
 
   copy = peers.get("copy GB/s")
   nominal = next((v for k, v in NOMINAL_GBPS.items() if k in gpu), None)
@@ -205,8 +210,8 @@ def main():
       forward, train = lookup_steps(lookup, inputs, loss_of)
 
       if name == "lazy Adam":
-        results["tfde forward"] = mean_ms(forward)
-      results[f"tfde {name} step"] = mean_ms(train)
+        results["tfde forward"] = tf_ms(forward)
+      results[f"tfde {name} step"] = tf_ms(train)
       del lookup, forward, train
 
     strategy = tf.distribute.MirroredStrategy([gpus[0].name])
@@ -226,8 +231,8 @@ def main():
         return loss[None]
       return strategy.run(step)
 
-    results["tfde forward, MirroredStrategy"] = mean_ms(mirrored_forward)
-    results["tfde lazy Adam step, MirroredStrategy"] = mean_ms(mirrored_train)
+    results["tfde forward, MirroredStrategy"] = tf_ms(mirrored_forward)
+    results["tfde lazy Adam step, MirroredStrategy"] = tf_ms(mirrored_train)
     del lookup
 
     with tf.device(gpus[0].name):
@@ -235,7 +240,7 @@ def main():
                 for _ in range(work.tables)]
       sparse = [tf.sparse.from_dense(tf.constant(ids[t]) + 1) for t in range(work.tables)]
       sparse = [tf.SparseTensor(s.indices, s.values - 1, s.dense_shape) for s in sparse]
-    results["tf.nn.embedding_lookup_sparse forward"] = mean_ms(tf.function(
+    results["tf.nn.embedding_lookup_sparse forward"] = tf_ms(tf.function(
         lambda: [tf.nn.embedding_lookup_sparse(tables[t], sparse[t], None, combiner="sum")
                  for t in range(work.tables)]))
     del tables
@@ -279,24 +284,8 @@ def profile(args):
     unique, inverse, _ = tfde.ops.unique_with_counts(fused)
     bags = tfde.ops.bag_gradients(grad, inverse, splits, weights, tf.size(unique), combiner)
 
-  def sync(out):
-    np.asarray(tf.nest.flatten(out)[0][:1])
-
-  def mean_ms(fn):
-    for _ in range(3):
-      sync(fn())
-    start = time.perf_counter()
-    for _ in range(args.reps):
-      out = fn()
-    sync(out)
-    return (time.perf_counter() - start) / args.reps * 1e3
-
-  def train():
-    with tf.GradientTape() as tape:
-      out = lookup(inputs)
-      loss = tf.add_n([tf.reduce_sum(v) for v in out.values()])
-    tape.gradient(loss, lookup.trainable_variables)
-    return loss[None]
+  forward, train = lookup_steps(
+      lookup, inputs, lambda out: tf.add_n([tf.reduce_sum(v) for v in out.values()]))
 
   stages = {
       "flatten + fuse ids": lambda: group.fused_ids(lookup.flatten(inputs)),
@@ -304,21 +293,21 @@ def profile(args):
       "bag gradient index": lambda: tfde.ops.bag_gradients(
           grad, inverse, splits, weights, tf.size(unique), combiner).segments,
       "bag gradients as a matrix (dense())": lambda: bags.dense(),
-      "forward (whole)": lambda: lookup(inputs),
+      "forward (whole)": forward,
       "lazy Adam step (whole)": train,
   }
   print(f"profile ({label}: {work.describe()}), mean ms of {args.reps}:")
   for name, fn in stages.items():
     with tf.device(device):
-      print(f"  {name:44s} {mean_ms(tf.function(fn)):9.3f}", flush=True)
+      print(f"  {name:44s} {mean_ms(tf.function(fn), args.reps, tf_sync):9.3f}",
+            flush=True)
   logdir = tempfile.mkdtemp(prefix="tfde_gpu_profile")
-  step = tf.function(train)
   with tf.device(device):
-    sync(step())
+    tf_sync(train())
     tf.profiler.experimental.start(logdir)
     for _ in range(3):
-      out = step()
-    sync(out)
+      out = train()
+    tf_sync(out)
     tf.profiler.experimental.stop()
   summarize_trace(logdir)
 

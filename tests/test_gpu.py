@@ -104,9 +104,9 @@ def test_gather_from_tables_runs_on_the_device():
     tables = [tf.Variable(rng.normal(size=(v, 8)).astype(np.float32)) for v in (40, 7, 90)]
   bases = [0, 40, 47]
   rows = tf.constant(rng.integers(0, 137, 400), tf.int64)
-  _assert_equal(*_both(lambda: tfde.ops.gather_from_tables(tables, rows, bases)))
+  got, want = _both(lambda: tfde.ops.gather_from_tables(tables, rows, bases))
+  _assert_equal(got, want)
   full = np.concatenate([t.numpy() for t in tables])
-  got, _ = _both(lambda: tfde.ops.gather_from_tables(tables, rows, bases))
   np.testing.assert_array_equal(got.numpy(), full[rows.numpy()])
 
 
@@ -175,8 +175,10 @@ def test_training_equals_unsharded_reference(runtime, kind, weighted):
 
 def test_the_one_replica_step_needs_no_cpu_kernel():
   """With soft placement off, every op of a forward and training step
-  pinned to the device must have a kernel there: the step does not fall
-  back to the CPU anywhere (the dense, int64 ids of the benchmarks)."""
+  pinned to the device must have a kernel there: nothing falls back to the
+  CPU implicitly (the dense, int64 ids of the benchmarks). The input
+  checks' message strings are built on the CPU on purpose (string ops
+  have no GPU kernels), and the Asserts read them from host memory."""
   rng = np.random.default_rng(4)
   configs = {f"f{t}": tfde.FeatureConfig(name=f"f{t}", table=tfde.TableConfig(
       name=f"t{t}", vocabulary_size=1000, embedding_dim=16, combiner="sum",

@@ -291,3 +291,18 @@ def test_update_refuses_an_int64_grad_row_past_int32(op_backend, kind):
                            if k in hp] + ([1] if kind == "adam" else []),
                           grad_rows=tf.constant([0, 2**32], tf.int64))
   np.testing.assert_array_equal(table.numpy(), 1)
+
+
+def test_gpu_tables_narrow_int64_grad_rows_only_after_checking_them():
+  """The GPU update kernels read int32 gradient rows: int64 ones are
+  checked first (eagerly and in a graph), so none wraps onto another row."""
+  from tfde.ops import native  # pylint: disable=g-import-not-at-top
+  grad = tf.ones([3, 2])
+  narrowed = native._narrow_grad_rows(tf.constant([2, 0, 1], tf.int64), grad)  # pylint: disable=protected-access
+  assert narrowed.dtype == tf.int32 and narrowed.numpy().tolist() == [2, 0, 1]
+  for bad, at in (([0, 2**32], 1), ([3, 0], 0), ([1, -1], 1)):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"grad_rows\[{at}\] = {bad[at]} is out of range \[0, 3\)"):
+      native._narrow_grad_rows(tf.constant(bad, tf.int64), grad)  # pylint: disable=protected-access
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"grad_rows\[{at}\]"):
+      tf.function(native._narrow_grad_rows)(tf.constant(bad, tf.int64), grad)  # pylint: disable=protected-access

@@ -409,3 +409,21 @@ def test_table_stacking_choices():
     h.sharded_lookup(configs, table_stacking=[["A", "C"]])
   with pytest.raises(ValueError, match="unknown tables"):
     h.sharded_lookup(configs, table_stacking=[["Z"]])
+
+
+def test_a_one_replica_strategy_keeps_its_tables_on_its_device():
+  """A strategy of one replica on another device than the default (here
+  /cpu:1; on a GPU machine, /cpu:0 under a GPU default) holds the tables
+  there, and trains them as the reference does."""
+  strategy = tf.distribute.MirroredStrategy(["/cpu:1"])
+  configs = h.feature_configs("adagrad", variant=2)
+  batches = [h.make_batch(s, weighted=True, seed=3) for s in range(3)]
+  initial, outputs, final, _, lookup = sharded_run(strategy, configs, batches, True)
+  for name, table in lookup.tables.items():
+    assert table.shards[0].device.endswith("CPU:1"), (name, table.shards[0].device)
+    assert table.steps[0].device.endswith("CPU:1"), (name, table.steps[0].device)
+  want_outputs, want_tables = h.reference_run(configs, initial, batches)
+  for f in h.FEATURES:
+    np.testing.assert_allclose(outputs[f], want_outputs[f], rtol=RTOL, atol=ATOL)
+  for name in want_tables:
+    np.testing.assert_allclose(final[name], want_tables[name], rtol=RTOL, atol=ATOL)

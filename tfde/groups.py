@@ -164,8 +164,12 @@ class StaticGroup(TableGroup):
                                    bases, inverse, splits, weights, combiner)
 
   def device(self, replica):
+    # A replica holding none of the group's tables (table-wise layouts)
+    # updates none, but still forms gradients where its tables would be;
+    # a TF1 graph's variables may name no device.
     tables, _ = self._local_tables(replica)
-    return tables[0].shard(replica).device if tables else None
+    held = tables[0].shard(replica).device if tables else None
+    return held or self.tables[0].comm.replica_device(replica)
 
   def _per_table(self, replica, owned):
     """Per table with rows on `replica`: (the table, its local rows, which

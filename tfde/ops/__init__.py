@@ -118,9 +118,7 @@ def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
                                         num_unique, combiner)
 
 
-def on_gpu(device):
-  """Whether the device name `device` (None: unknown) is a GPU's."""
-  return "GPU" in (device or "").upper()
+on_gpu = types.on_gpu
 
 
 def split_rows_by_table(rows, bases, device=None):

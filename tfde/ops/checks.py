@@ -15,8 +15,11 @@ TypeError: inverse must be an int32 or int64 tensor, got float32
 id 7 is bad
 """
 
+import contextlib
+
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 
 def message(parts):
@@ -24,7 +27,10 @@ def message(parts):
   comma-separated elements."""
   # String ops have CPU kernels only: pinned there, a step placed on a GPU
   # with soft placement off still builds (its Assert reads host memory).
-  with tf.device("/device:CPU:0"):
+  # Not inside an XLA computation (a TPU program), where TensorFlow itself
+  # moves what XLA cannot compile out to the host.
+  in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+  with contextlib.nullcontext() if in_xla else tf.device("/device:CPU:0"):
     return tf.strings.join([
         p if isinstance(p, str) else tf.strings.reduce_join(
             tf.strings.as_string(tf.reshape(p, [-1])), separator=",")

@@ -141,7 +141,7 @@ def _narrow_grad_rows(rows, grad):
 
 
 def _on_gpu(variable):
-  return "GPU" in (variable.device or "").upper()
+  return types.on_gpu(variable.device)
 
 
 def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,

@@ -11,6 +11,15 @@ from tfde.ops.checks import assert_that
 from tfde.ops.checks import first_index_where
 
 
+def on_gpu(device):
+  """Whether the device name `device` (None or "": not known) is a GPU's.
+
+  >>> on_gpu("/job:localhost/replica:0/task:0/device:GPU:1"), on_gpu(None)
+  (True, False)
+  """
+  return "GPU" in (device or "").upper()
+
+
 @dataclasses.dataclass(frozen=True)
 class BagGradients:
   """Row gradients kept as the ids that read each row, so a lookup's
