@@ -25,11 +25,9 @@ Each communicator counts the bytes its process sends to other replicas
 """
 
 import abc
-import contextlib
 import dataclasses
 import itertools
 import sys
-import threading
 import weakref
 import zlib
 
@@ -38,6 +36,7 @@ from tensorflow.python.distribute import values as distribute_values
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import resource_variable_ops
 
+from tfde import collective_keys
 from tfde.ops import checks
 
 
@@ -67,53 +66,6 @@ def local_variable(initial_value, name, trainable=False, device=None):
   with tf.init_scope(), tf.device(device):
     return resource_variable_ops.ResourceVariable(
         initial_value, name=name, trainable=trainable)
-
-
-_key_spaces = threading.local()
-
-
-@contextlib.contextmanager
-def key_space(name):
-  """Names the collectives made inside (a lookup's, forward and backward):
-  the k-th collective of one lookup's traced step and of another's, which
-  may send other shapes, then differ (`_CallSiteCounter`)."""
-  previous = getattr(_key_spaces, "name", "")
-  _key_spaces.name = name
-  try:
-    yield
-  finally:
-    _key_spaces.name = previous
-
-
-class _CallSiteCounter:
-  """Names the collectives of one traced function in call order, per key
-  space (`key_space`): "lookup3_5" is lookup 3's sixth.
-
-  Workers must agree on which collective is which. A counter kept across
-  traces would not do: a worker retraces when its own input shapes change
-  (ragged batches), so two workers can trace a step a different number of
-  times. Counting afresh in every graph gives the same numbers to the same
-  call sites in every trace on every worker; eagerly, workers run in lock
-  step and one running count serves.
-  """
-
-  def __init__(self):
-    self._per_graph = weakref.WeakKeyDictionary()
-    self._eager = {}
-
-  def next(self):
-    space = getattr(_key_spaces, "name", "")
-    if tf.executing_eagerly():
-      counters = self._eager
-    else:
-      graph = tf.compat.v1.get_default_graph()
-      if graph not in self._per_graph:
-        self._per_graph[graph] = {}
-      counters = self._per_graph[graph]
-    if space not in counters:
-      counters[space] = itertools.count()
-    number = next(counters[space])
-    return f"{space}_{number}" if space else str(number)
 
 
 def _row_bytes(data):
@@ -429,7 +381,7 @@ class MultiWorkerCommunicator(Communicator):
     resolver = strategy.cluster_resolver
     self._task_id = resolver.task_id if resolver.task_id is not None else 0
     self._local_count = len(self._devices)
-    self._call_sites = _CallSiteCounter()
+    self._call_sites = collective_keys.CallSiteCounter()
     self._eager_sites = itertools.count()
 
   def gather_replica_values(self, values_by_replica):
@@ -510,7 +462,7 @@ class HorovodCommunicator(Communicator):
     super().__init__(hvd.size())
     self._hvd = hvd
     self._rank = hvd.rank()
-    self._call_sites = _CallSiteCounter()
+    self._call_sites = collective_keys.CallSiteCounter()
 
   def local_replicas(self):
     return [self._rank]

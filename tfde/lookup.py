@@ -40,6 +40,7 @@ from tensorflow.python.eager import record
 from tensorflow.python.eager import tape as tape_lib
 from tensorflow.python.framework import func_graph
 
+from tfde import collective_keys
 from tfde import comm as comm_lib
 from tfde import group_step
 from tfde import groups as groups_lib
@@ -277,14 +278,14 @@ class ShardedLookup(tf.Module):
         for step in steps:
           grads.append(list(output_grads[start:start + len(step.features)]))
           start += len(step.features)
-        with comm_lib.key_space(self._key_space):
+        with collective_keys.key_space(self._key_space):
           return self._backward(steps, grads, trigger_value, variables or [],
                                 [p[4] for p in prepared])
 
       return outputs, grad_fn
 
     with tables_lib.graph_saving.custom_gradients_see_rank_local_variables(), \
-        comm_lib.key_space(self._key_space):
+        collective_keys.key_space(self._key_space):
       return lookup(trigger, *[p[1][i].weights for p in prepared for i in p[4]])
 
   def exchange_forward(self, group, features, combiners, fused_ids, training):
