@@ -69,6 +69,15 @@ def first_index_where(mask):
 
 
 
+def grad_rows_in_range(grad_rows, grad):
+  """An Assert that every gradient row `grad_rows` names is a row of
+  `grad`, naming the first that is not, as the update kernels do."""
+  num_rows = tf.shape(grad, out_type=grad_rows.dtype)[0]
+  bad = first_index_where((grad_rows < 0) | (grad_rows >= num_rows))
+  return assert_that(tf.equal(tf.size(bad), 0), "grad_rows[", bad, "] = ",
+                     tf.gather(grad_rows, bad), " is out of range [0, ", num_rows, ")")
+
+
 def first_repeat(values):
   """(positions of the first repeated value (a [0]- or [1]-shaped int32
   tensor), the earlier position each value first appeared at)."""

@@ -14,7 +14,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from tfde.ops import types
-from tfde.ops.checks import assert_that, first_index_where, index_tensor
+from tfde.ops.checks import grad_rows_in_range, index_tensor
 
 _LIBRARY_NAME = "_tfde_ops.so"
 _library = None
@@ -132,11 +132,7 @@ def _narrow_grad_rows(rows, grad):
   # The GPU kernels read int32 gradient rows (a gradient matrix has fewer
   # than 2**31 rows). A row out of range is refused by name before the
   # narrowing, as the CPU kernels refuse it, so none wraps onto another row.
-  num_rows = tf.shape(grad, out_type=tf.int64)[0]
-  bad = first_index_where((rows < 0) | (rows >= num_rows))
-  with tf.control_dependencies([assert_that(
-      tf.equal(tf.size(bad), 0), "grad_rows[", bad, "] = ", tf.gather(rows, bad),
-      " is out of range [0, ", num_rows, ")")]):
+  with tf.control_dependencies([grad_rows_in_range(rows, grad)]):
     return tf.cast(rows, tf.int32)
 
 

@@ -31,6 +31,7 @@ from tfde.ops.checks import dim
 from tfde.ops.checks import equal
 from tfde.ops.checks import first_index_where
 from tfde.ops.checks import first_repeat
+from tfde.ops.checks import grad_rows_in_range
 from tfde.ops.checks import index_tensor
 from tfde.ops.checks import shape_parts
 from tfde.ops.checks import shape_string
@@ -259,12 +260,7 @@ def select_rows(grad, grad_rows, n):
   if grad_rows is None:
     return grad[:n]
   grad_rows = index_tensor(grad_rows, "grad_rows")
-  bad = first_index_where((grad_rows < 0) |
-                          (grad_rows >= tf.shape(grad, out_type=grad_rows.dtype)[0]))
-  checked = assert_that(tf.equal(tf.size(bad), 0), "grad_rows[", bad, "] = ",
-                        tf.gather(grad_rows, bad), " is out of range [0, ",
-                        tf.shape(grad)[0], ")")
-  with tf.control_dependencies([checked]):
+  with tf.control_dependencies([grad_rows_in_range(grad_rows, grad)]):
     if isinstance(dim(grad_rows, 0), int) and dim(grad_rows, 0) == 0:
       return grad[:n]
     return tf.gather(grad, tf.cond(tf.size(grad_rows) > 0, lambda: grad_rows,
