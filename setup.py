@@ -13,6 +13,7 @@ the isolation's environment removed (or of $TFDE_TF_PYTHON).
 """
 
 import concurrent.futures
+import functools
 import glob
 import json
 import os
@@ -125,7 +126,7 @@ class BuildTfdeOps(build_ext):
     for src in sources:
       obj = os.path.join(build_dir, os.path.basename(src) + ".o")
       objects.append(obj)
-      commands.append([cxx, "-c", src, "-o", obj] + cflags + (gpu_flags if cuda else []))
+      commands.append([cxx, "-c", src, "-o", obj] + cflags + gpu_flags)
     if cuda:
       commands += self._launcher_commands(build_dir, objects)
     # TFDE_BUILD_JOBS caps the parallel compiles (a shared machine: 1).
@@ -156,6 +157,7 @@ class BuildTfdeOps(build_ext):
     return subprocess.run(cmd, capture_output=True, text=True)
 
   @staticmethod
+  @functools.lru_cache(maxsize=None)
   def _cuda_home():
     # CUDA_HOME, else the toolkit above nvcc, else /usr/local/cuda (where a
     # wrapper nvcc in /usr/local/bin leaves no headers beside it).

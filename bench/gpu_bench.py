@@ -218,21 +218,11 @@ def main():
     with strategy.scope():
       lookup = tfde.lookup.ShardedLookup(work.feature_configs())
 
-    @tf.function
-    def mirrored_forward():
-      return strategy.run(lambda: lookup(inputs))
-
-    @tf.function
-    def mirrored_train():
-      def step():
-        with tf.GradientTape() as tape:
-          loss = loss_of(lookup(inputs))
-        tape.gradient(loss, lookup.trainable_variables)
-        return loss[None]
-      return strategy.run(step)
-
-    results["tfde forward, MirroredStrategy"] = tf_ms(mirrored_forward)
-    results["tfde lazy Adam step, MirroredStrategy"] = tf_ms(mirrored_train)
+      forward, train = lookup_steps(lookup, inputs, loss_of)
+    results["tfde forward, MirroredStrategy"] = tf_ms(
+        tf.function(lambda: strategy.run(forward)))
+    results["tfde lazy Adam step, MirroredStrategy"] = tf_ms(
+        tf.function(lambda: strategy.run(train)))
     del lookup
 
     with tf.device(gpus[0].name):
@@ -282,17 +272,21 @@ def profile(args):
         lookup.flatten(inputs), ["sum"] * work.tables)
     grad = tf.ones([int(splits.shape[0]) - 1, work.dim])
     unique, inverse, _ = tfde.ops.unique_with_counts(fused)
-    bags = tfde.ops.bag_gradients(grad, inverse, splits, weights, tf.size(unique), combiner)
 
   forward, train = lookup_steps(
       lookup, inputs, lambda out: tf.add_n([tf.reduce_sum(v) for v in out.values()]))
 
+  def update_gradients():
+    # The form the backward hands the optimizer here: on a GPU the gradient
+    # matrix (the combine gradient's kernel), on a CPU bags.
+    g = tfde.ops.gradients_for_update(grad, inverse, splits, weights, tf.size(unique),
+                                      combiner, device=device)
+    return g.segments if isinstance(g, tfde.ops.BagGradients) else g
+
   stages = {
       "flatten + fuse ids": lambda: group.fused_ids(lookup.flatten(inputs)),
       "dedup (unique_with_counts)": lambda: tfde.ops.unique_with_counts(fused),
-      "bag gradient index": lambda: tfde.ops.bag_gradients(
-          grad, inverse, splits, weights, tf.size(unique), combiner).segments,
-      "bag gradients as a matrix (dense())": lambda: bags.dense(),
+      "update gradients (the backward's form here)": update_gradients,
       "forward (whole)": forward,
       "lazy Adam step (whole)": train,
   }

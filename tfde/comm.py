@@ -513,22 +513,18 @@ def current():
   """The communicator for the context this is called in."""
   global _local, _horovod
   strategy = tf.distribute.get_strategy()
-  if tf.distribute.has_strategy() and (strategy.num_replicas_in_sync > 1 or
-                                       is_tpu_strategy(strategy)):
-    if strategy not in _by_strategy:
-      _by_strategy[strategy] = _for_strategy(strategy)
-    return _by_strategy[strategy]
-  hvd = _initialized_horovod()
+  # Horovod ranks may each run a one-replica strategy: they exchange
+  # through Horovod, and a strategy of several replicas through itself.
+  several = tf.distribute.has_strategy() and (strategy.num_replicas_in_sync > 1 or
+                                              is_tpu_strategy(strategy))
+  hvd = None if several else _initialized_horovod()
   if hvd is not None:
     if _horovod is None:
       _horovod = HorovodCommunicator(hvd)
     return _horovod
   if tf.distribute.has_strategy():
-    # One replica: its tables live on the strategy's device, as its other
-    # variables do (a MirroredStrategy over "/cpu:0" on a GPU machine).
     if strategy not in _by_strategy:
-      devices = getattr(strategy.extended, "worker_devices", None) or [None]
-      _by_strategy[strategy] = LocalCommunicator(devices[0])
+      _by_strategy[strategy] = _for_strategy(strategy)
     return _by_strategy[strategy]
   if _local is None:
     _local = LocalCommunicator()
@@ -543,6 +539,10 @@ def is_tpu_strategy(strategy):
 
 
 def _for_strategy(strategy):
+  if strategy.num_replicas_in_sync == 1 and not is_tpu_strategy(strategy):
+    # Its tables live on the strategy's device, as its other variables do
+    # (a MirroredStrategy over "/cpu:0" on a GPU machine).
+    return LocalCommunicator(strategy.extended.worker_devices[0])
   if is_tpu_strategy(strategy):
     return TPUCommunicator(strategy)
   if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):

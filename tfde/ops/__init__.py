@@ -118,15 +118,12 @@ def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
                                         num_unique, combiner)
 
 
-on_gpu = types.on_gpu
-
-
 def split_rows_by_table(rows, bases, device=None):
   """Per table of a fused row space (table t from bases[t]): (its rows,
   local to the table, and their positions in `rows`). `device`: where the
   tables live; on a GPU the kernel (a CPU one) is not used, the stock ops of
   its twin are, which have GPU kernels."""
-  impl = reference if on_gpu(device) else _impl()
+  impl = reference if types.on_gpu(device) else _impl()
   return impl.split_rows_by_table(rows, bases)
 
 
@@ -160,7 +157,7 @@ def gradients_for_update(grad, inverse, row_splits, weights, num_unique,
   written); the matrix itself on the twins, which have no bag updates, and
   on a GPU, where the combine gradient's kernel writes it faster than the
   bags (a CPU kernel) are indexed. The updates take either."""
-  if current_backend() == REFERENCE or on_gpu(device):
+  if current_backend() == REFERENCE or types.on_gpu(device):
     return _impl().embedding_combine_grad(grad, inverse, row_splits, weights,
                                           num_unique, combiner)
   return bag_gradients(grad, inverse, row_splits, weights, num_unique, combiner)

@@ -112,7 +112,7 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
   indices = index_tensor(indices, "indices")
   scalars = [_scalar(x) for x in scalars]
   if isinstance(grad, types.BagGradients):
-    if _on_gpu(variables[0]):
+    if types.on_gpu(variables[0].device):
       # The FromBags updates are CPU kernels: on a GPU the gradient matrix
       # is formed first.
       grad = grad.dense()
@@ -123,7 +123,7 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
                 copy_on_read=copy_on_read)
   op = getattr(load(), _SPARSE_APPLY_OPS[kind])
   rows = _rows(grad_rows)
-  if rows.dtype == tf.int64 and _on_gpu(variables[0]):
+  if rows.dtype == tf.int64 and types.on_gpu(variables[0].device):
     rows = _narrow_grad_rows(rows, grad)
   return op(*handles, indices, grad, rows, *scalars, copy_on_read=copy_on_read)
 
@@ -136,13 +136,9 @@ def _narrow_grad_rows(rows, grad):
     return tf.cast(rows, tf.int32)
 
 
-def _on_gpu(variable):
-  return types.on_gpu(variable.device)
-
-
 def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
                         combiner="sum"):
-  if _on_gpu(tables[0]):
+  if types.on_gpu(tables[0].device):
     # A CPU kernel only: on a GPU, gather then combine (both have GPU kernels).
     return embedding_combine(gather_from_tables(tables, rows, bases), inverse, row_splits,
                              weights, combiner)

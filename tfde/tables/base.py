@@ -316,7 +316,10 @@ class Table(tf.Module):
   # tables: the step of its last update, per shard; dynamic tables: the
   # step each row was last seen, kept by the store, and the step each
   # evicted id left). A consumer keeps the mark of its last save and asks
-  # for what changed since; any number of consumers share the record.
+  # for what changed since; any number of consumers share the record, down
+  # to the oldest step one of them forgot (`forget_changes_before`, which a
+  # `DeltaCheckpointManager` calls at each full save): an older mark is then
+  # refused by name.
 
   def mark(self):
     """The table's `ChangeMark` now (eager)."""

@@ -83,12 +83,12 @@ class DynamicTable(base.Table):
           self.evicted_at[replica] = tf.lookup.experimental.MutableHashTable(
               tf.int64, tf.int64, default_value=-1,
               name=f"{self.name}_{suffix}_evicted_at")
-          # Key 0 -> the step from which evictions are on record; absent
-          # until the first mark, so a table no one asks for its changes
-          # keeps no record (it would grow by an entry per eviction).
-          self.evictions_recorded_from[replica] = tf.lookup.experimental.MutableHashTable(
-              tf.int64, tf.int64, default_value=-1,
-              name=f"{self.name}_{suffix}_evictions_recorded_from")
+        # The step from which evictions are on record; -1 until the first
+        # mark, so a table no one asks for its changes keeps no record (it
+        # would grow by an entry per eviction).
+        self.evictions_recorded_from[replica] = comm_lib.local_variable(
+            tf.constant(-1, tf.int64), f"{self.name}/{suffix}/evictions_recorded_from",
+            device=self.comm.replica_device(replica))
       self._new_step_variable(replica, suffix)
       # A [0, D] stand-in that gradients are taken with respect to when a
       # dynamic table is trained explicitly (SOK's DynamicVariable): its
@@ -171,8 +171,7 @@ class DynamicTable(base.Table):
         def evict():
           ids = store.evict(step, dynamic.evict_after_steps or 0,
                             dynamic.max_rows_per_shard or 0)
-          recording = self.evictions_recorded_from[replica].lookup(
-              tf.constant(0, tf.int64)) >= 0
+          recording = self.evictions_recorded_from[replica].read_value() >= 0
           noted = tf.cond(
               recording,
               lambda: self.evicted_at[replica].insert(ids, tf.fill(tf.shape(ids), step)),
@@ -314,29 +313,26 @@ class DynamicTable(base.Table):
   def change_keys(self):
     return super().change_keys() + [REMOVED_IDS]
 
-  @staticmethod
-  def _record_start(recorded_from):
-    """The step a replica's record of evictions starts at (-1: none kept)."""
-    return int(recorded_from.lookup(tf.constant(0, tf.int64)).numpy())
-
   def mark(self):
     """As every table's; the first mark also starts the record of evicted
     ids (`changes_since` reports them), which until then is not kept."""
     mark = super().mark()
     for recorded_from in self.evictions_recorded_from.values():
-      if self._record_start(recorded_from) < 0:
-        recorded_from.insert(tf.constant([0], tf.int64),
-                             tf.constant([mark.step], tf.int64))
+      if recorded_from.numpy() < 0:
+        recorded_from.assign(mark.step)
     return mark
 
   def _check_eviction_record(self, step):
     for recorded_from in self.evictions_recorded_from.values():
-      start = self._record_start(recorded_from)
+      start = int(recorded_from.numpy())
       if start < 0 or start > step:
+        kept = ("no mark was taken before it, so no evictions are on record"
+                if start < 0 else
+                f"the record starts at step {start}: older evictions were forgotten "
+                "(forget_changes_before, at a full save)")
         raise ValueError(
-            f"table {self.name!r}: the ids evicted since step {step} are not on "
-            f"record (it starts at step {start}: forget_evictions dropped older "
-            "evictions); its changes since are unknown; save it whole")
+            f"table {self.name!r}: the ids evicted since step {step} are not on record "
+            f"({kept}); its changes since are unknown; save it whole")
 
   def _changes_since_step(self, step):
     self._check_eviction_record(step)
@@ -378,23 +374,19 @@ class DynamicTable(base.Table):
     self.check_changes(changes)
     self.load_state(merge_changes(self.export_rows(), changes))
 
-  def forget_evictions(self, before_step):
-    """Drops the record of ids evicted at or before `before_step` (eager):
-    marks older than it can no longer be asked for changes (that is a
-    clear error). From the first mark on, the record grows by an entry an
+  def forget_changes_before(self, step):
+    """Drops the record of ids evicted at or before `step` (eager): marks
+    older than it can no longer be asked for changes (that is a clear
+    error). From the first mark on, the record grows by an entry an
     eviction until then; `DeltaCheckpointManager` forgets at each full
     save."""
     for replica, evicted_at in self.evicted_at.items():
       ids, steps = evicted_at.export()
       evicted_at.remove(tf.boolean_mask(tf.reshape(ids, [-1]),
-                                        tf.reshape(steps, [-1]) <= before_step))
+                                        tf.reshape(steps, [-1]) <= step))
       recorded_from = self.evictions_recorded_from[replica]
-      if self._record_start(recorded_from) >= 0:
-        recorded_from.insert(tf.constant([0], tf.int64),
-                             tf.constant([before_step], tf.int64))
-
-  def forget_changes_before(self, step):
-    self.forget_evictions(step)
+      if recorded_from.numpy() >= 0:
+        recorded_from.assign(step)
 
   # ---- views (eager)
 
