@@ -257,8 +257,8 @@ def main():
 
 def profile(args):
   """Per-stage GPU times of one training step (each stage a tf.function of
-  its own, synchronised), then the host's and the GPU's busiest ops in a
-  tf.profiler trace of 3 steps."""
+  its own, synchronised), then the host's and the GPU's busiest ops in
+  tf.profiler traces of 3 forwards and of 3 training steps."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tfde  # pylint: disable=g-import-not-at-top
   device = tf.config.list_logical_devices(DEVICE_TYPE)[0].name
@@ -295,15 +295,17 @@ def profile(args):
     with tf.device(device):
       print(f"  {name:44s} {mean_ms(tf.function(fn), args.reps, tf_sync):9.3f}",
             flush=True)
-  logdir = tempfile.mkdtemp(prefix="tfde_gpu_profile")
-  with tf.device(device):
-    tf_sync(train())
-    tf.profiler.experimental.start(logdir)
-    for _ in range(3):
-      out = train()
-    tf_sync(out)
-    tf.profiler.experimental.stop()
-  summarize_trace(logdir)
+  for name, fn in (("forward", forward), ("lazy Adam step", train)):
+    logdir = tempfile.mkdtemp(prefix="tfde_gpu_profile")
+    with tf.device(device):
+      tf_sync(fn())
+      tf.profiler.experimental.start(logdir)
+      for _ in range(3):
+        out = fn()
+      tf_sync(out)
+      tf.profiler.experimental.stop()
+    print(f"\n{name}: a tf.profiler trace of 3 runs")
+    summarize_trace(logdir)
 
 
 def summarize_trace(logdir, top=22):
@@ -330,7 +332,7 @@ def summarize_trace(logdir, top=22):
         counts[name] += 1
     if not totals:
       continue
-    print(f"trace plane {plane.name} ({len(plane.lines)} lines), ms over 3 steps:")
+    print(f"trace plane {plane.name} ({len(plane.lines)} lines), ms over 3 runs:")
     for name, ms in totals.most_common(top):
       print(f"  {ms:9.3f} {counts[name]:6d}x  {name}")
 

@@ -7,7 +7,9 @@
 // table and stitching the rows back together (two full copies of the rows).
 //
 // One op class per op, templated on the device; the CPU functors are below,
-// the GPU gather in cuda/gpu_functors.cc (gather_functor.h declares them).
+// the GPU gather and combine in cuda/gpu_functors.cc (gather_functor.h
+// declares them). The row split is a CPU kernel: on a GPU the pipeline
+// splits rows with stock ops (tfde.ops.split_rows_by_table).
 #define EIGEN_USE_THREADS
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
@@ -346,16 +348,23 @@ REGISTER_SPLIT(int32_t);
 REGISTER_SPLIT(int64_t);
 #undef REGISTER_SPLIT
 
-#define REGISTER_COMBINE_FROM_TABLES(Index, Split)                      \
+#define REGISTER_COMBINE_FROM_TABLES(DEV, Index, Split, ...)            \
   REGISTER_KERNEL_BUILDER(Name("TfdeCombineFromTables")                 \
-                              .Device(DEVICE_CPU)                       \
+                              .Device(DEVICE_##DEV)                     \
                               .TypeConstraint<Index>("Tindices")        \
-                              .TypeConstraint<Split>("Tsplits"),        \
-                          CombineFromTablesOp<CPUDevice, Index, Split>);
-REGISTER_COMBINE_FROM_TABLES(int32_t, int32_t);
-REGISTER_COMBINE_FROM_TABLES(int32_t, int64_t);
-REGISTER_COMBINE_FROM_TABLES(int64_t, int32_t);
-REGISTER_COMBINE_FROM_TABLES(int64_t, int64_t);
+                              .TypeConstraint<Split>("Tsplits") __VA_ARGS__, \
+                          CombineFromTablesOp<DEV##Device, Index, Split>);
+#define REGISTER_COMBINE_FROM_TABLES_ALL(DEV, ...)                  \
+  REGISTER_COMBINE_FROM_TABLES(DEV, int32_t, int32_t, __VA_ARGS__)  \
+  REGISTER_COMBINE_FROM_TABLES(DEV, int32_t, int64_t, __VA_ARGS__)  \
+  REGISTER_COMBINE_FROM_TABLES(DEV, int64_t, int32_t, __VA_ARGS__)  \
+  REGISTER_COMBINE_FROM_TABLES(DEV, int64_t, int64_t, __VA_ARGS__)
+REGISTER_COMBINE_FROM_TABLES_ALL(CPU, )
+#if GOOGLE_CUDA
+// The GPU combine kernels read an int32 inverse (as TfdeEmbeddingCombine's).
+REGISTER_COMBINE_FROM_TABLES_ALL(GPU, .TypeConstraint<int32_t>("Tinverse"))
+#endif
+#undef REGISTER_COMBINE_FROM_TABLES_ALL
 #undef REGISTER_COMBINE_FROM_TABLES
 
 }  // namespace tfde

@@ -46,15 +46,23 @@ struct SplitRowsByTable<CPUDevice, Index> {
 };
 
 // EmbeddingCombine of GatherFromTables(tables, rows) without the gathered
-// rows: *bad_row as for GatherFromTables. CPU only.
+// rows: *bad_row as for GatherFromTables.
+#define TFDE_COMBINE_FROM_TABLES_SIGNATURE                                             \
+  Status operator()(OpKernelContext* ctx, const FusedTables& tables, const Tensor& rows, \
+                    const Tensor& splits, const Coefficients& c, Tensor* out,          \
+                    int64_t* bad_row) const
 template <typename Device, typename Index, typename Split>
 struct CombineFromTables;
 template <typename Index, typename Split>
 struct CombineFromTables<CPUDevice, Index, Split> {
-  Status operator()(OpKernelContext* ctx, const FusedTables& tables, const Tensor& rows,
-                    const Tensor& splits, const Coefficients& c, Tensor* out,
-                    int64_t* bad_row) const;
+  TFDE_COMBINE_FROM_TABLES_SIGNATURE;
 };
+#if GOOGLE_CUDA
+template <typename Index, typename Split>
+struct CombineFromTables<GPUDevice, Index, Split> {
+  TFDE_COMBINE_FROM_TABLES_SIGNATURE;
+};
+#endif
 
 }  // namespace functor
 }  // namespace tfde

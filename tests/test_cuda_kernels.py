@@ -340,6 +340,53 @@ def test_gather_reports_row_outside_every_table(lib):
   assert bad == 2
 
 
+def _combine_from_tables(lib, tables, rows, inverse, splits, weights, combiner, split_dtype):
+  dim = tables[0].shape[1]
+  rows = np.ascontiguousarray(rows)
+  splits = np.ascontiguousarray(splits, split_dtype)
+  inverse = np.ascontiguousarray(inverse, np.int32)
+  pointers = (ctypes.c_void_p * len(tables))(*[t.ctypes.data for t in tables])
+  table_rows = np.array([t.shape[0] for t in tables], np.int64)
+  out = np.zeros((len(splits) - 1, dim), np.float32)
+  bad_row, bad_split, bad_inverse = _u64(), _u64(), _u64()
+  _check(lib.tfde_gpu_combine_from_tables(
+      rows.itemsize, splits.itemsize, len(tables), pointers, _ptr(table_rows),
+      ctypes.c_int64(dim), _ptr(rows), ctypes.c_int64(rows.size), _ptr(inverse),
+      ctypes.c_int64(inverse.size), _ptr(splits), ctypes.c_int64(len(splits) - 1),
+      _ptr(weights), COMBINERS[combiner], _ptr(out), ctypes.byref(bad_row),
+      ctypes.byref(bad_split), ctypes.byref(bad_inverse)))
+  return out, bad_row.value, bad_split.value, bad_inverse.value
+
+
+@pytest.mark.parametrize("num_tables,dim", [(1, 64), (3, 5), (70, 8)],
+                         ids=["float4-loads", "odd-width", "70-tables"])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("index_dtype,split_dtype", [(np.int64, np.int64),
+                                                     (np.int32, np.int32)])
+def test_combine_from_tables(lib, num_tables, dim, combiner, index_dtype, split_dtype):
+  rng = np.random.default_rng(zlib.crc32(f"{num_tables}{dim}{combiner}".encode()))
+  tables = [rng.normal(size=(int(rng.integers(1, 40)), dim)).astype(np.float32)
+            for _ in range(num_tables)]
+  whole = np.concatenate(tables)
+  rows = rng.permutation(whole.shape[0])[:100].astype(index_dtype)
+  splits, inverse, weights = _random_bags(rng, 64, rows.size, 12, combiner != "sum")
+  out, bad_row, bad_split, bad_inverse = _combine_from_tables(
+      lib, tables, rows, inverse, splits, weights, combiner, split_dtype)
+  assert (bad_row, bad_split, bad_inverse) == (NO_ERROR,) * 3
+  want = oracles.combine(whole, _per_sample(splits, rows[inverse]),
+                         None if weights is None else _per_sample(splits, weights), combiner)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  assert np.all(out[0] == 0)  # a sample with no ids gives zeros
+
+
+def test_combine_from_tables_reports_row_outside_every_table(lib):
+  tables = [np.ones((3, 2), np.float32), np.ones((4, 2), np.float32)]
+  _, bad_row, _, _ = _combine_from_tables(lib, tables, np.array([0, 6, 7, -1], np.int64),
+                                          np.array([0, 1, 2, 3], np.int32),
+                                          np.array([0, 4]), None, "sum", np.int64)
+  assert bad_row == 2
+
+
 # ---- sparse optimizers ----
 
 KINDS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 3}

@@ -110,6 +110,49 @@ def test_gather_from_tables_runs_on_the_device():
   np.testing.assert_array_equal(got.numpy(), full[rows.numpy()])
 
 
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+@pytest.mark.parametrize("sizes,dim", [((40, 7, 90), 64), ((13, 1, 30), 6),
+                                        ((3,) * 70, 8)],
+                         ids=["vector-loads", "odd-width", "70-tables"])
+def test_combine_from_tables_runs_on_the_device(combiner, weighted, sizes, dim):
+  """The fused forward reads each id's row straight from its table on
+  the GPU: float4 loads at width 64, one float at a time at width 6, and
+  over 64 tables in several launches that add up."""
+  rng = np.random.default_rng(3)
+  with tf.device(DEVICE):
+    tables = [tf.Variable(rng.normal(size=(v, dim)).astype(np.float32)) for v in sizes]
+  bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
+  total = int(sum(sizes))
+  lengths = rng.integers(0, 9, 200)  # empty samples too
+  row_splits = tf.constant(np.concatenate([[0], np.cumsum(lengths)]), tf.int64)
+  n = int(lengths.sum())
+  rows = tf.constant(rng.permutation(total)[:min(total, 150)], tf.int64)
+  inverse = tf.constant(rng.integers(0, rows.shape[0], n), tf.int32)
+  weights = tf.constant(rng.uniform(0.5, 2, n), tf.float32) if weighted else None
+  got, want = _both(lambda: tfde.ops.combine_from_tables(tables, rows, bases, inverse,
+                                                         row_splits, weights, combiner))
+  _assert_equal(got, want)
+  full = np.concatenate([t.numpy() for t in tables]).astype(np.float64)
+  read = rows.numpy()[inverse.numpy()]
+  splits = row_splits.numpy()
+  ids = [list(read[splits[b]:splits[b + 1]]) for b in range(200)]
+  ws = None if weights is None else [
+      list(weights.numpy()[splits[b]:splits[b + 1]]) for b in range(200)]
+  np.testing.assert_allclose(got.numpy(), oracles.combine(full, ids, ws, combiner),
+                             rtol=RTOL, atol=1e-5)
+
+
+def test_combine_from_tables_refuses_a_row_outside_the_tables_on_the_device():
+  with tf.device(DEVICE):
+    tables = [tf.Variable(tf.zeros([3, 4])), tf.Variable(tf.zeros([4, 4]))]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"rows\[\D*1\D*\] =\D*7\D*outside every table"):
+      tfde.ops.combine_from_tables(tables, tf.constant([6, 7], tf.int64), [0, 3],
+                                   tf.constant([0, 1], tf.int32),
+                                   tf.constant([0, 2], tf.int64))
+
+
 SCALARS = {"sgd": [0.3], "adagrad": [0.3, 1e-7], "adam": [0.05, 0.8, 0.95, 1e-7, 3],
            "ftrl": [0.2, 0.001, 0.01, 0.002, 0.1, -0.5]}
 SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 2}

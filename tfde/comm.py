@@ -106,10 +106,9 @@ class Communicator(abc.ABC):
       return ExchangePlan(send_counts, received, max_chunk)
     recv_counts, recv_stamps = received[:, 0], received[:, 1]
     own = tf.cast(stamp % 2**31, tf.int32)
-    other = checks.first_index_where(tf.not_equal(recv_stamps, own))
+    none, other, step = checks.first_offender(tf.not_equal(recv_stamps, own), recv_stamps)
     check = checks.assert_that(
-        tf.equal(tf.size(other), 0), "replica ", other, " is at step ",
-        tf.gather(recv_stamps, other), " but replica ", str(self.replica_id()),
+        none, "replica ", other, " is at step ", step, " but replica ", str(self.replica_id()),
         " is at step ", own, ": the workers are out of step (did one go on "
         "after a failed step?)")
     with tf.control_dependencies([check]):

@@ -161,11 +161,10 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
 
 def check_id_range(ids, vocabulary_size, feature_name, table_name):
   """Fails with the first out-of-range id, its position and its table."""
-  bad = checks.first_index_where((ids < 0) | (ids >= vocabulary_size))
+  none, i, value = checks.first_offender((ids < 0) | (ids >= vocabulary_size), ids)
   check = checks.assert_that(
-      tf.equal(tf.size(bad), 0), describe(feature_name, table_name), ": id ",
-      tf.gather(ids, bad), " at position ", bad, " is out of range [0, ",
-      str(vocabulary_size), ")")
+      none, describe(feature_name, table_name), ": id ", value, " at position ", i,
+      " is out of range [0, ", str(vocabulary_size), ")")
   with tf.control_dependencies([check]):
     return tf.identity(ids)
 

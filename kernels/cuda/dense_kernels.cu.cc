@@ -1,11 +1,13 @@
 // The CUDA launchers of embedding_kernels.cu.h that need no sorting:
-// gathers from a group's tables, the combine and its coefficients, and the
+// gathers from a group's tables, the combine (of gathered rows, or straight
+// from the tables) and its coefficients, and the
 // sparse optimizers' row updates. (embedding_kernels.cu.cc has the ones
 // built on CUB's sorts: checks for repeats, unique, partition, the combine's
 // gradient.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
 #include <type_traits>
 
 #include "embedding_kernels.cu.h"
@@ -17,17 +19,82 @@ namespace {
 
 // ---- gather ----
 
+// The start of group row r in its table, or nullptr when r lies outside
+// the group's tables: the last table whose base is <= r, by binary search
+// (a launch holds up to kMaxTablesPerLaunch tables).
+__device__ __forceinline__ const float* RowInGroup(const TableGroup& group, int64_t dim,
+                                                   int64_t r) {
+  if (r < group.base[0] || r >= group.end) return nullptr;
+  int lo = 0, hi = group.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (group.base[mid] <= r) lo = mid; else hi = mid - 1;
+  }
+  return group.data[lo] + (r - group.base[lo]) * dim;
+}
+
 template <typename Index>
 __global__ void GatherKernel(const TableGroup group, int64_t dim, const Index* rows,
                              int64_t n, float* out) {
   TFDE_GRID_STRIDE(e, n * dim) {
     const int64_t i = e / dim;
     const int64_t d = e - i * dim;
-    const int64_t r = static_cast<int64_t>(rows[i]);
-    if (r < group.base[0] || r >= group.end) continue;
-    int t = group.count - 1;
-    while (group.base[t] > r) --t;
-    out[e] = group.data[t][(r - group.base[t]) * dim + d];
+    const float* row = RowInGroup(group, dim, static_cast<int64_t>(rows[i]));
+    if (row) out[e] = row[d];
+  }
+}
+
+// `kVector` consecutive floats of a row, moved as one load where kVector is
+// 4 (the launcher checks the alignment).
+template <int kVector>
+struct Floats {
+  float v[kVector];
+  __device__ __forceinline__ void Load(const float* p) {
+    if constexpr (kVector == 4) {
+      const float4 x = __ldg(reinterpret_cast<const float4*>(p));
+      v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+    } else {
+      for (int k = 0; k < kVector; ++k) v[k] = __ldg(p + k);
+    }
+  }
+  __device__ __forceinline__ void Store(float* p) const {
+    if constexpr (kVector == 4) {
+      *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+      for (int k = 0; k < kVector; ++k) p[k] = v[k];
+    }
+  }
+};
+
+// One thread per kVector columns of a sample: the ids' rows are read
+// straight from their tables, each once per id, and never written back, so
+// the memory traffic is the rows read plus the outputs written (as torch's
+// EmbeddingBag), where gather-then-combine also wrote and re-read every row.
+template <typename Index, typename Split, int kVector>
+__global__ void CombineFromTablesKernel(const TableGroup group, int64_t dim, const Index* rows,
+                                        const int32_t* inverse, const Split* splits,
+                                        int64_t batch, const float* coefficient,
+                                        bool accumulate, float* out) {
+  const int64_t lanes = dim / kVector;
+  TFDE_GRID_STRIDE(e, batch * lanes) {
+    const int64_t b = e / lanes;
+    const int64_t d = (e - b * lanes) * kVector;
+    float acc[kVector] = {};
+    const int64_t end = splits[b + 1];
+#pragma unroll 4
+    for (int64_t i = splits[b]; i < end; ++i) {
+      const float* row = RowInGroup(group, dim, static_cast<int64_t>(rows[inverse[i]]));
+      if (!row) continue;
+      Floats<kVector> x;
+      x.Load(row + d);
+      const float w = coefficient[i];
+      for (int k = 0; k < kVector; ++k) acc[k] += w * x.v[k];
+    }
+    Floats<kVector> result;
+    float* o = out + b * dim + d;
+    if (accumulate) result.Load(o);
+    for (int k = 0; k < kVector; ++k) result.v[k] = (accumulate ? result.v[k] : 0.0f) + acc[k];
+    result.Store(o);
   }
 }
 
@@ -146,6 +213,27 @@ cudaError_t GatherFromTables(cudaStream_t stream, const TableGroup& group, int64
   return cudaGetLastError();
 }
 
+template <typename Index, typename Split>
+cudaError_t CombineFromTables(cudaStream_t stream, const TableGroup& group, int64_t dim,
+                              const Index* rows, const int32_t* inverse, const Split* splits,
+                              int64_t batch, const float* coefficient, bool accumulate,
+                              float* out) {
+  if (batch == 0 || dim == 0) return cudaSuccess;
+  // Whole float4 loads where every row and output starts 16-byte aligned.
+  bool aligned = dim % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  for (int t = 0; t < group.count; ++t) {
+    aligned = aligned && reinterpret_cast<uintptr_t>(group.data[t]) % 16 == 0;
+  }
+  if (aligned) {
+    CombineFromTablesKernel<Index, Split, 4><<<BlocksFor(batch * dim / 4), kThreads, 0, stream>>>(
+        group, dim, rows, inverse, splits, batch, coefficient, accumulate, out);
+  } else {
+    CombineFromTablesKernel<Index, Split, 1><<<BlocksFor(batch * dim), kThreads, 0, stream>>>(
+        group, dim, rows, inverse, splits, batch, coefficient, accumulate, out);
+  }
+  return cudaGetLastError();
+}
+
 template <typename Split>
 cudaError_t CombineCoefficients(cudaStream_t stream, const Split* splits, int64_t batch,
                                 const float* weights, Combiner combiner, int32_t* bag_of,
@@ -202,6 +290,16 @@ cudaError_t SparseApply(cudaStream_t stream, const Params& params, float* const*
 TFDE_INSTANTIATE_ID(int32_t)
 TFDE_INSTANTIATE_ID(int64_t)
 #undef TFDE_INSTANTIATE_ID
+
+#define TFDE_INSTANTIATE_COMBINE_FROM_TABLES(Index, Split)                              \
+  template cudaError_t CombineFromTables<Index, Split>(                                  \
+      cudaStream_t, const TableGroup&, int64_t, const Index*, const int32_t*, const Split*, \
+      int64_t, const float*, bool, float*);
+TFDE_INSTANTIATE_COMBINE_FROM_TABLES(int32_t, int32_t)
+TFDE_INSTANTIATE_COMBINE_FROM_TABLES(int32_t, int64_t)
+TFDE_INSTANTIATE_COMBINE_FROM_TABLES(int64_t, int32_t)
+TFDE_INSTANTIATE_COMBINE_FROM_TABLES(int64_t, int64_t)
+#undef TFDE_INSTANTIATE_COMBINE_FROM_TABLES
 
 #define TFDE_INSTANTIATE_ROWS(T)                                                        \
   template cudaError_t EmbeddingCombine<T, int32_t>(cudaStream_t, const T*, int64_t,    \

@@ -105,6 +105,20 @@ template <typename Index>
 cudaError_t GatherFromTables(cudaStream_t stream, const TableGroup& group,
                              int64_t dim, const Index* rows, int64_t n, float* out);
 
+// out[b] = sum over ids i of sample b of coefficient[i] * the row
+// rows[inverse[i]] of the group, read straight from its table (the combine
+// of GatherFromTables without the gathered rows). Rows outside `group`'s
+// tables add nothing; with `accumulate` the sums are added to out, so a
+// group of more than kMaxTablesPerLaunch tables takes one launch per
+// kMaxTablesPerLaunch tables, the first writing and the rest adding.
+// Callers check rows (FindOutOfRange against the group's end), inverse and
+// splits first.
+template <typename Index, typename Split>
+cudaError_t CombineFromTables(cudaStream_t stream, const TableGroup& group, int64_t dim,
+                              const Index* rows, const int32_t* inverse, const Split* splits,
+                              int64_t batch, const float* coefficient, bool accumulate,
+                              float* out);
+
 // bag_of[i] = the sample of id i; coefficient[i] = w_i / divisor(sample),
 // divisor 1 (sum), the sum of weights (mean) or the root of the sum of
 // squared weights (sqrtn), and 0 for samples whose divisor is 0.

@@ -107,6 +107,26 @@ typename CudaType<T>::type* CudaData(Tensor* t) {
   return reinterpret_cast<typename CudaType<T>::type*>(t->flat<T>().data());
 }
 
+// The launches over a group's tables, up to kMaxTablesPerLaunch tables
+// each: launch(group, first) for consecutive tables, first true for the
+// first launch.
+template <typename Launch>
+Status ForEachTableLaunch(const FusedTables& tables, const char* what, Launch launch) {
+  const int num_tables = tables.num_tables();
+  for (int t0 = 0; t0 < num_tables; t0 += gpu::kMaxTablesPerLaunch) {
+    gpu::TableGroup group{};
+    group.count = std::min(gpu::kMaxTablesPerLaunch, num_tables - t0);
+    for (int k = 0; k < group.count; ++k) {
+      group.data[k] = tables.data(t0 + k);
+      group.base[k] = tables.base(t0 + k);
+    }
+    group.end = t0 + group.count < num_tables ? tables.base(t0 + group.count)
+                                              : std::numeric_limits<int64_t>::max();
+    TF_RETURN_IF_ERROR(CudaStatus(launch(group, t0 == 0), what));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 namespace functor {
@@ -271,23 +291,27 @@ Status GatherFromTables<GPUDevice, Index>::operator()(OpKernelContext* ctx,
   TF_RETURN_IF_ERROR(
       FindOutOfRange<GPUDevice, Index>()(ctx, rows, 0, tables.end(), bad_row));
   if (*bad_row >= 0) return absl::OkStatus();
-  const int num_tables = tables.num_tables();
-  for (int t0 = 0; t0 < num_tables; t0 += gpu::kMaxTablesPerLaunch) {
-    gpu::TableGroup group{};
-    group.count = std::min(gpu::kMaxTablesPerLaunch, num_tables - t0);
-    for (int k = 0; k < group.count; ++k) {
-      group.data[k] = tables.data(t0 + k);
-      group.base[k] = tables.base(t0 + k);
-    }
-    group.end = t0 + group.count < num_tables ? tables.base(t0 + group.count)
-                                              : std::numeric_limits<int64_t>::max();
-    TF_RETURN_IF_ERROR(CudaStatus(
-        gpu::GatherFromTables<Index>(StreamOf(ctx), group, tables.dim(),
-                                     rows.flat<Index>().data(), rows.NumElements(),
-                                     out->flat<float>().data()),
-        "gather"));
-  }
-  return absl::OkStatus();
+  return ForEachTableLaunch(tables, "gather", [&](const gpu::TableGroup& group, bool) {
+    return gpu::GatherFromTables<Index>(StreamOf(ctx), group, tables.dim(),
+                                        rows.flat<Index>().data(), rows.NumElements(),
+                                        out->flat<float>().data());
+  });
+}
+
+template <typename Index, typename Split>
+Status CombineFromTables<GPUDevice, Index, Split>::operator()(
+    OpKernelContext* ctx, const FusedTables& tables, const Tensor& rows,
+    const Tensor& splits, const Coefficients& c, Tensor* out, int64_t* bad_row) const {
+  TF_RETURN_IF_ERROR(
+      FindOutOfRange<GPUDevice, Index>()(ctx, rows, 0, tables.end(), bad_row));
+  if (*bad_row >= 0) return absl::OkStatus();
+  return ForEachTableLaunch(tables, "combine from tables",
+                            [&](const gpu::TableGroup& group, bool first) {
+    return gpu::CombineFromTables<Index, Split>(
+        StreamOf(ctx), group, tables.dim(), rows.flat<Index>().data(), c.inverse,
+        splits.flat<Split>().data(), splits.NumElements() - 1,
+        c.coefficient.flat<float>().data(), /*accumulate=*/!first, out->flat<float>().data());
+  });
 }
 
 // ---- sparse_apply_functor.h
@@ -355,6 +379,13 @@ Status SparseApply<GPUDevice, Index, Update, DenseGradients>::operator()(
 TFDE_INSTANTIATE_INDEX(int32_t)
 TFDE_INSTANTIATE_INDEX(int64_t)
 #undef TFDE_INSTANTIATE_INDEX
+
+#define TFDE_INSTANTIATE_COMBINE_FROM_TABLES(Index)            \
+  template struct CombineFromTables<GPUDevice, Index, int32_t>; \
+  template struct CombineFromTables<GPUDevice, Index, int64_t>;
+TFDE_INSTANTIATE_COMBINE_FROM_TABLES(int32_t)
+TFDE_INSTANTIATE_COMBINE_FROM_TABLES(int64_t)
+#undef TFDE_INSTANTIATE_COMBINE_FROM_TABLES
 
 #define TFDE_INSTANTIATE_ROWS(T)                            \
   template struct EmbeddingCombine<GPUDevice, T, int32_t>;  \

@@ -209,36 +209,98 @@ int CombineGrad(const void* grad_host, int64_t dim, const int32_t* inverse_host,
   return 0;
 }
 
+// The group's tables uploaded, with their bases (base[num_tables]: the
+// group's end), and one launch group per kMaxTablesPerLaunch tables.
+class UploadedTables {
+ public:
+  cudaError_t Upload(int num_tables, const float* const* tables_host,
+                     const int64_t* table_rows, int64_t dim) {
+    tables_ = std::vector<DeviceBuffer>(num_tables);
+    base_.assign(num_tables + 1, 0);
+    for (int t = 0; t < num_tables; ++t) {
+      cudaError_t err = tables_[t].Upload(tables_host[t], table_rows[t] * dim * sizeof(float));
+      if (err != cudaSuccess) return err;
+      base_[t + 1] = base_[t] + table_rows[t];
+    }
+    return cudaSuccess;
+  }
+  int64_t end() const { return base_.back(); }
+  std::vector<TableGroup> Launches() const {
+    const int num_tables = static_cast<int>(tables_.size());
+    std::vector<TableGroup> launches;
+    for (int t0 = 0; t0 < num_tables; t0 += kMaxTablesPerLaunch) {
+      TableGroup group{};
+      group.count = std::min(kMaxTablesPerLaunch, num_tables - t0);
+      for (int k = 0; k < group.count; ++k) {
+        group.data[k] = tables_[t0 + k].as<float>();
+        group.base[k] = base_[t0 + k];
+      }
+      group.end = t0 + group.count < num_tables ? base_[t0 + group.count] : INT64_MAX;
+      launches.push_back(group);
+    }
+    return launches;
+  }
+
+ private:
+  std::vector<DeviceBuffer> tables_;
+  std::vector<int64_t> base_;
+};
+
 template <typename Index>
 int Gather(int num_tables, const float* const* tables_host, const int64_t* table_rows,
            int64_t dim, const void* rows_host, int64_t n, float* out_host,
            unsigned long long* first_bad) {
-  std::vector<DeviceBuffer> tables(num_tables);
-  std::vector<int64_t> base(num_tables + 1, 0);
-  for (int t = 0; t < num_tables; ++t) {
-    TFDE_CHECK_CUDA(tables[t].Upload(tables_host[t], table_rows[t] * dim * sizeof(float)));
-    base[t + 1] = base[t] + table_rows[t];
-  }
+  UploadedTables tables;
   DeviceBuffer rows, out;
   FirstBad bad;
+  TFDE_CHECK_CUDA(tables.Upload(num_tables, tables_host, table_rows, dim));
   TFDE_CHECK_CUDA(rows.Upload(rows_host, n * sizeof(Index)));
   TFDE_CHECK_CUDA(bad.Init());
-  TFDE_CHECK_CUDA(
-      FindOutOfRange<Index>(0, rows.as<Index>(), n, 0, base[num_tables], bad.device()));
+  TFDE_CHECK_CUDA(FindOutOfRange<Index>(0, rows.as<Index>(), n, 0, tables.end(), bad.device()));
   TFDE_CHECK_CUDA(bad.Read(first_bad));
   if (*first_bad != kNoError) return 0;
   TFDE_CHECK_CUDA(out.Allocate(n * dim * sizeof(float)));
-  for (int t0 = 0; t0 < num_tables; t0 += kMaxTablesPerLaunch) {
-    TableGroup group{};
-    group.count = std::min(kMaxTablesPerLaunch, num_tables - t0);
-    for (int k = 0; k < group.count; ++k) {
-      group.data[k] = tables[t0 + k].as<float>();
-      group.base[k] = base[t0 + k];
-    }
-    group.end = t0 + group.count < num_tables ? base[t0 + group.count] : INT64_MAX;
+  for (const TableGroup& group : tables.Launches()) {
     TFDE_CHECK_CUDA(GatherFromTables<Index>(0, group, dim, rows.as<Index>(), n, out.as<float>()));
   }
   TFDE_CHECK_CUDA(out.Download(out_host, n * dim * sizeof(float)));
+  return 0;
+}
+
+template <typename Index, typename Split>
+int CombineFromTablesHost(int num_tables, const float* const* tables_host,
+                          const int64_t* table_rows, int64_t dim, const void* rows_host,
+                          int64_t num_rows, const int32_t* inverse_host, int64_t n,
+                          const void* splits_host, int64_t batch, const float* weights_host,
+                          int combiner, float* out_host, unsigned long long* first_bad_row,
+                          unsigned long long* first_bad_split,
+                          unsigned long long* first_bad_inverse) {
+  DeviceBuffer inverse, splits, weights, bag_of, coefficient, rows, out;
+  int status = PrepareCombine<Split>(inverse_host, n, num_rows, splits_host, batch,
+                                     weights_host, combiner, &inverse, &splits, &weights,
+                                     &bag_of, &coefficient, first_bad_split,
+                                     first_bad_inverse);
+  if (status != 0 || *first_bad_split != kNoError || *first_bad_inverse != kNoError) {
+    return status;
+  }
+  UploadedTables tables;
+  FirstBad bad;
+  TFDE_CHECK_CUDA(tables.Upload(num_tables, tables_host, table_rows, dim));
+  TFDE_CHECK_CUDA(rows.Upload(rows_host, num_rows * sizeof(Index)));
+  TFDE_CHECK_CUDA(bad.Init());
+  TFDE_CHECK_CUDA(
+      FindOutOfRange<Index>(0, rows.as<Index>(), num_rows, 0, tables.end(), bad.device()));
+  TFDE_CHECK_CUDA(bad.Read(first_bad_row));
+  if (*first_bad_row != kNoError) return 0;
+  TFDE_CHECK_CUDA(out.Allocate(batch * dim * sizeof(float)));
+  bool first = true;
+  for (const TableGroup& group : tables.Launches()) {
+    TFDE_CHECK_CUDA(CombineFromTables<Index, Split>(
+        0, group, dim, rows.as<Index>(), inverse.as<int32_t>(), splits.as<Split>(), batch,
+        coefficient.as<float>(), /*accumulate=*/!first, out.as<float>()));
+    first = false;
+  }
+  TFDE_CHECK_CUDA(out.Download(out_host, batch * dim * sizeof(float)));
   return 0;
 }
 
@@ -377,6 +439,28 @@ int tfde_gpu_gather_from_tables(int index_bytes, int num_tables, const float* co
   return index_bytes == 8
              ? Gather<int64_t>(num_tables, tables, table_rows, dim, rows, n, out, first_bad)
              : Gather<int32_t>(num_tables, tables, table_rows, dim, rows, n, out, first_bad);
+}
+
+int tfde_gpu_combine_from_tables(int index_bytes, int split_bytes, int num_tables,
+                                 const float* const* tables, const int64_t* table_rows,
+                                 int64_t dim, const void* rows, int64_t num_rows,
+                                 const int32_t* inverse, int64_t n, const void* splits,
+                                 int64_t batch, const float* weights, int combiner, float* out,
+                                 unsigned long long* first_bad_row,
+                                 unsigned long long* first_bad_split,
+                                 unsigned long long* first_bad_inverse) {
+#define TFDE_COMBINE_FROM_TABLES(Index, Split)                                          \
+  return CombineFromTablesHost<Index, Split>(num_tables, tables, table_rows, dim, rows, \
+                                             num_rows, inverse, n, splits, batch, weights, \
+                                             combiner, out, first_bad_row, first_bad_split, \
+                                             first_bad_inverse)
+  if (index_bytes == 8) {
+    if (split_bytes == 8) TFDE_COMBINE_FROM_TABLES(int64_t, int64_t);
+    TFDE_COMBINE_FROM_TABLES(int64_t, int32_t);
+  }
+  if (split_bytes == 8) TFDE_COMBINE_FROM_TABLES(int32_t, int64_t);
+  TFDE_COMBINE_FROM_TABLES(int32_t, int32_t);
+#undef TFDE_COMBINE_FROM_TABLES
 }
 
 // kind: 0 SGD [lr], 1 Adagrad [lr, epsilon], 2 lazy Adam [lr, beta_1, beta_2,

@@ -63,6 +63,40 @@ def index_tensor(value, name):
   return tensor
 
 
+def first_true(mask):
+  """The first i with mask[i] (a vector), or its size where none is: an
+  int64 scalar.
+
+  A minimum over fixed shapes, not tf.where: on a GPU, tf.where waits for
+  the device to learn its output's size, and a check built on it would
+  cost the step a second round trip to the host.
+
+  >>> first_true(tf.constant([False, True, True])).numpy().tolist()
+  1
+  >>> first_true(tf.zeros([0], tf.bool)).numpy().tolist()
+  0
+  """
+  mask = tf.reshape(mask, [-1])
+  n = tf.size(mask, out_type=tf.int64)
+  # The minimum of no elements is the largest int64: n bounds it.
+  return tf.minimum(tf.reduce_min(tf.where(mask, tf.range(n), n)), n)
+
+
+def first_offender(mask, values):
+  """(none, i, values[i]) for the first i with mask[i], in fixed shapes
+  (`first_true`): `none` is a bool scalar, true where no element is
+  masked; then i is the size and the value a padding zero, never shown.
+
+  >>> none, i, value = first_offender(tf.constant([False, True]), tf.constant([4, -2]))
+  >>> bool(none), int(i), int(value)
+  (False, 1, -2)
+  """
+  values = tf.reshape(values, [-1])
+  first = first_true(mask)
+  value = tf.gather(tf.concat([values, tf.zeros([1], values.dtype)], 0), first)
+  return tf.equal(first, tf.size(values, out_type=tf.int64)), first, value
+
+
 def first_index_where(mask):
   """The first i with mask[i], as a [0]- or [1]-shaped int64 tensor."""
   return tf.reshape(tf.where(mask), [-1])[:1]
@@ -73,9 +107,9 @@ def grad_rows_in_range(grad_rows, grad):
   """An Assert that every gradient row `grad_rows` names is a row of
   `grad`, naming the first that is not, as the update kernels do."""
   num_rows = tf.shape(grad, out_type=grad_rows.dtype)[0]
-  bad = first_index_where((grad_rows < 0) | (grad_rows >= num_rows))
-  return assert_that(tf.equal(tf.size(bad), 0), "grad_rows[", bad, "] = ",
-                     tf.gather(grad_rows, bad), " is out of range [0, ", num_rows, ")")
+  none, i, value = first_offender((grad_rows < 0) | (grad_rows >= num_rows), grad_rows)
+  return assert_that(none, "grad_rows[", i, "] = ", value, " is out of range [0, ",
+                     num_rows, ")")
 
 
 def first_repeat(values):

@@ -138,13 +138,14 @@ def _narrow_grad_rows(rows, grad):
 
 def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
                         combiner="sum"):
-  if types.on_gpu(tables[0].device):
-    # A CPU kernel only: on a GPU, gather then combine (both have GPU kernels).
+  inverse = index_tensor(inverse, "inverse")
+  if types.on_gpu(tables[0].device) and inverse.dtype != tf.int32:
+    # The GPU kernel reads an int32 inverse (the pipeline's is); with an
+    # int64 one, gather, then combine.
     return embedding_combine(gather_from_tables(tables, rows, bases), inverse, row_splits,
                              weights, combiner)
   return load().tfde_combine_from_tables(
-      [t.handle for t in tables], index_tensor(rows, "rows"),
-      index_tensor(inverse, "inverse"), row_splits, _weights_or_empty(weights),
+      [t.handle for t in tables], index_tensor(rows, "rows"), inverse, row_splits, _weights_or_empty(weights),
       bases=[int(b) for b in bases], combiner=combiner)
 
 

@@ -29,7 +29,7 @@ from tfde.ops.checks import check_update_inputs
 from tfde.ops.checks import check_variables
 from tfde.ops.checks import dim
 from tfde.ops.checks import equal
-from tfde.ops.checks import first_index_where
+from tfde.ops.checks import first_offender
 from tfde.ops.checks import first_repeat
 from tfde.ops.checks import grad_rows_in_range
 from tfde.ops.checks import index_tensor
@@ -73,9 +73,8 @@ def partition_by_shard(ids, num_shards, dynamic=False):
       assert_that(tf.cast(num_shards, tf.int64) <= 2**31 - 1, "num_shards = ",
                   num_shards, " is too large; at most 2^31 - 1 shards")]
   if not dynamic:
-    bad = first_index_where(ids < 0)
-    checks.append(assert_that(tf.equal(tf.size(bad), 0), "ids[", bad, "] = ",
-                              tf.gather(ids, bad),
+    none, i, value = first_offender(ids < 0, ids)
+    checks.append(assert_that(none, "ids[", i, "] = ", value,
                               " is negative; a static table has rows "
                               "0..vocabulary_size-1"))
   with tf.control_dependencies(checks):
@@ -124,10 +123,9 @@ def _ragged_checks(inverse, row_splits, weights, num_rows):
         tf.logical_or(tf.equal(num_weights, 0), tf.equal(num_weights, n)),
         "weights has ", num_weights, " elements but there are ", n,
         " ids; pass one weight per id or none"))
-  bad = first_index_where((inverse < 0) |
-                          (tf.cast(inverse, tf.int64) >= tf.cast(num_rows, tf.int64)))
-  checks.append(assert_that(tf.equal(tf.size(bad), 0), "inverse[", bad, "] = ",
-                            tf.gather(inverse, bad), " is out of range [0, ",
+  none, i, value = first_offender(
+      (inverse < 0) | (tf.cast(inverse, tf.int64) >= tf.cast(num_rows, tf.int64)), inverse)
+  checks.append(assert_that(none, "inverse[", i, "] = ", value, " is out of range [0, ",
                             num_rows, ")"))
   return checks
 
@@ -237,9 +235,9 @@ def check_sparse_update(variables, indices, grad):
   checks += check(equal(dim(grad, 1), dim(table, 1)), "grad has width ", dim(grad, 1),
                   " but the table has width ", dim(table, 1))
   num_rows = tf.cast(tf.shape(table)[0], indices.dtype)
-  bad = first_index_where((indices < 0) | (indices >= num_rows))
-  checks.append(assert_that(tf.equal(tf.size(bad), 0), "indices[", bad, "] = ",
-                            tf.gather(indices, bad), " is out of range [0, ", num_rows, ")"))
+  none, i, value = first_offender((indices < 0) | (indices >= num_rows), indices)
+  checks.append(assert_that(none, "indices[", i, "] = ", value, " is out of range [0, ",
+                            num_rows, ")"))
   repeat, earlier = first_repeat(indices)
   checks.append(assert_that(
       tf.equal(tf.size(repeat), 0), "indices[", repeat, "] = ",
@@ -374,9 +372,8 @@ def split_rows_by_table(rows, bases):
   check_bases(bases, len(bases))
   rows = index_tensor(rows, "rows")
   checks = check_rank(rows, 1, "rows")
-  bad = first_index_where(rows < 0)
-  checks.append(assert_that(tf.equal(tf.size(bad), 0), "rows[", bad, "] = ",
-                            tf.gather(rows, bad), " is negative"))
+  none, i, value = first_offender(rows < 0, rows)
+  checks.append(assert_that(none, "rows[", i, "] = ", value, " is negative"))
   with tf.control_dependencies(checks):
     table_index, local = table_of_fused_rows(rows, bases)
     positions = tf.range(tf.size(rows, out_type=tf.int32))
@@ -399,10 +396,10 @@ def gather_from_tables(tables, rows, bases):
     count = len(tables)
     table_index, local = table_of_fused_rows(rows, bases)
     sizes = tf.cast(tf.stack([tf.shape(t)[0] for t in tables]), rows.dtype)
-    bad = first_index_where((table_index < 0) |
-                            (local >= tf.gather(sizes, tf.maximum(table_index, 0))))
-    checks.append(assert_that(tf.equal(tf.size(bad), 0), "rows[", bad, "] = ",
-                              tf.gather(rows, bad), " is outside every table of the group"))
+    none, i, value = first_offender(
+        (table_index < 0) | (local >= tf.gather(sizes, tf.maximum(table_index, 0))), rows)
+    checks.append(assert_that(none, "rows[", i, "] = ", value,
+                              " is outside every table of the group"))
   with tf.control_dependencies(checks):
     table_index = tf.maximum(table_index, 0)
     parts = tf.dynamic_partition(local, table_index, count)
