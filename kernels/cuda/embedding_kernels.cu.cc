@@ -195,25 +195,33 @@ __global__ void ChunksPerRow(const int32_t* row_begin, int64_t num_unique,
   }
 }
 
+// chunk_row[c] = the row whose chunks include chunk c, one thread per row:
+// read once per chunk by ChunkSumsKernel, where a binary search per chunk
+// and column cost more than the sums themselves.
+__global__ void ChunkRows(const int32_t* chunk_offset, const int32_t* num_chunks,
+                          int64_t num_unique, int32_t* chunk_row) {
+  TFDE_GRID_STRIDE(k, num_unique) {
+    for (int32_t c = chunk_offset[k]; c < chunk_offset[k] + num_chunks[k]; ++c) {
+      chunk_row[c] = static_cast<int32_t>(k);
+    }
+  }
+}
+
 template <typename T>
 __global__ void ChunkSumsKernel(const T* grad, int64_t dim, const int32_t* row_begin,
                                 const int32_t* chunk_offset, const int32_t* num_chunks,
-                                int64_t num_unique, const int32_t* sorted_positions,
-                                const int32_t* bag_of, const float* coefficient,
-                                int64_t max_chunks, float* partial) {
+                                const int32_t* chunk_row, int64_t num_unique,
+                                const int32_t* sorted_positions, const int32_t* bag_of,
+                                const float* coefficient, int64_t max_chunks,
+                                float* partial) {
   const int64_t total = chunk_offset[num_unique - 1] + num_chunks[num_unique - 1];
   TFDE_GRID_STRIDE(e, max_chunks * dim) {
     const int64_t c = e / dim;
     if (c >= total) continue;
     const int64_t d = e - c * dim;
-    // The row whose chunks include c: the last k with chunk_offset[k] <= c.
-    int64_t lo = 0, hi = num_unique;
-    while (hi - lo > 1) {
-      const int64_t mid = (lo + hi) / 2;
-      if (chunk_offset[mid] <= c) lo = mid; else hi = mid;
-    }
-    const int64_t begin = row_begin[lo] + (c - chunk_offset[lo]) * kGradChunk;
-    const int64_t end = min(begin + kGradChunk, static_cast<int64_t>(row_begin[lo + 1]));
+    const int64_t row = chunk_row[c];
+    const int64_t begin = row_begin[row] + (c - chunk_offset[row]) * kGradChunk;
+    const int64_t end = min(begin + kGradChunk, static_cast<int64_t>(row_begin[row + 1]));
     float acc = 0.0f;
     for (int64_t j = begin; j < end; ++j) {
       const int32_t i = sorted_positions[j];
@@ -400,6 +408,7 @@ cudaError_t EmbeddingCombineGrad(cudaStream_t stream, const T* grad, int64_t dim
   int32_t* row_begin = carve.Take<int32_t>(num_unique + 1);
   int32_t* num_chunks = carve.Take<int32_t>(num_unique);
   int32_t* chunk_offset = carve.Take<int32_t>(num_unique);
+  int32_t* chunk_row = carve.Take<int32_t>(max_chunks);
   float* partial = carve.Take<float>(max_chunks * dim);
   void* temp = carve.Take<char>(std::max(sort_bytes, scan_bytes));
   if (workspace == nullptr) {
@@ -419,9 +428,11 @@ cudaError_t EmbeddingCombineGrad(cudaStream_t stream, const T* grad, int64_t dim
                                                                num_chunks);
   TFDE_RETURN_IF_CUDA_ERROR(cub::DeviceScan::ExclusiveSum(
       temp, scan_bytes, num_chunks, chunk_offset, static_cast<int>(num_unique), stream));
+  ChunkRows<<<BlocksFor(num_unique), kThreads, 0, stream>>>(chunk_offset, num_chunks,
+                                                            num_unique, chunk_row);
   ChunkSumsKernel<<<BlocksFor(max_chunks * dim), kThreads, 0, stream>>>(
-      grad, dim, row_begin, chunk_offset, num_chunks, num_unique, sorted_positions, bag_of,
-      coefficient, max_chunks, partial);
+      grad, dim, row_begin, chunk_offset, num_chunks, chunk_row, num_unique, sorted_positions,
+      bag_of, coefficient, max_chunks, partial);
   RowSumsKernel<<<BlocksFor(num_unique * dim), kThreads, 0, stream>>>(
       partial, dim, chunk_offset, num_chunks, num_unique, out);
   return cudaGetLastError();

@@ -69,7 +69,9 @@ def first_true(mask):
 
   A minimum over fixed shapes, not tf.where: on a GPU, tf.where waits for
   the device to learn its output's size, and a check built on it would
-  cost the step a second round trip to the host.
+  cost the step a second round trip to the host. The positions are
+  float64 (exact below 2**53) because TensorFlow's GPU Min has no int64
+  kernel: an int64 one would copy the whole mask to the host.
 
   >>> first_true(tf.constant([False, True, True])).numpy().tolist()
   1
@@ -77,9 +79,13 @@ def first_true(mask):
   0
   """
   mask = tf.reshape(mask, [-1])
-  n = tf.size(mask, out_type=tf.int64)
-  # The minimum of no elements is the largest int64: n bounds it.
-  return tf.minimum(tf.reduce_min(tf.where(mask, tf.range(n), n)), n)
+  size = tf.size(mask, out_type=tf.int64)
+  # The range from the size as TensorFlow keeps it, on the host: a limit
+  # computed on the device would have to come back to the host first.
+  positions = tf.cast(tf.range(size), tf.float64)
+  n = tf.cast(size, tf.float64)
+  # The minimum of no elements is +inf: n bounds it.
+  return tf.cast(tf.minimum(tf.reduce_min(tf.where(mask, positions, n)), n), tf.int64)
 
 
 def first_offender(mask, values):

@@ -48,7 +48,7 @@ print("unique on", u[0].device, [x.numpy().tolist() for x in u])
 PY
 if [ "$what" = tests ] || [ "$what" = all ]; then
   T1=$(date +%s)
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -n 6 tests/test_gpu.py tests/test_cuda_kernels.py \
+  timeout 150 python3 -m pytest -q -rfs -p no:cacheprovider -n 6 tests/test_gpu.py tests/test_cuda_kernels.py \
     tests/test_ops.py tests/test_ops_optimizers.py tests/test_sharded.py tests/test_forward_dedup.py \
     2>&1 | tee $OUT/tests.log | grep -v "^WARNING\|^I0000\|^E0000\|^W0000" | tail -40
   echo "tests took $(( $(date +%s) - T1 )) s"
