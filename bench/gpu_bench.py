@@ -283,8 +283,21 @@ def profile(args):
                                       combiner, device=device)
     return g.segments if isinstance(g, tfde.ops.BagGradients) else g
 
+  def unchecked_forward():
+    # Diagnostic only: the forward with the per-feature id checks (an
+    # Assert each, so a host round trip) taken out, to show what they cost.
+    checked = tfde.inputs.check_id_range
+    tfde.inputs.check_id_range = lambda ids, *unused: ids
+    try:
+      return lookup(inputs)
+    finally:
+      tfde.inputs.check_id_range = checked
+
   stages = {
       "flatten + fuse ids": lambda: group.fused_ids(lookup.flatten(inputs)),
+      "combine from tables (the op alone)": lambda: group.combine_local(
+          0, fused, tf.range(tf.size(fused, out_type=tf.int32)), (splits, weights, combiner)),
+      "forward without the id checks (diagnostic)": unchecked_forward,
       "dedup (unique_with_counts)": lambda: tfde.ops.unique_with_counts(fused),
       "update gradients (the backward's form here)": update_gradients,
       "forward (whole)": forward,
@@ -335,6 +348,46 @@ def summarize_trace(logdir, top=22):
     print(f"trace plane {plane.name} ({len(plane.lines)} lines), ms over 3 runs:")
     for name, ms in totals.most_common(top):
       print(f"  {ms:9.3f} {counts[name]:6d}x  {name}")
+    if plane.name.startswith("/device"):
+      summarize_copies(plane)
+
+
+def _stats(plane, event):
+  """An XEvent's stats as {name: value}."""
+  out = {}
+  for stat in event.stats:
+    name = plane.stat_metadata[stat.metadata_id].name
+    kind = stat.WhichOneof("value")
+    value = getattr(stat, kind) if kind else None
+    if kind == "ref_value":
+      value = plane.stat_metadata[value].name
+    out[name] = value
+  return out
+
+
+def summarize_copies(plane, top=12):
+  """The device plane's copies by the TensorFlow op that asked for them:
+  how many, their bytes and time (where a step's host round trips and
+  transfers come from)."""
+  import collections  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  copies = collections.defaultdict(lambda: [0, 0, 0.0])
+  for line in plane.lines:
+    for event in line.events:
+      name = plane.event_metadata[event.metadata_id].name
+      if not name.startswith("Memcpy"):
+        continue
+      stats = _stats(plane, event)
+      details = str(stats.get("memcpy_details", ""))
+      found = re.search(r"num_bytes:\s*(\d+)", details)
+      key = (name, str(stats.get("tf_op", "?"))[:70])
+      copies[key][0] += 1
+      copies[key][1] += int(found.group(1)) if found else 0
+      copies[key][2] += event.duration_ps / 1e9
+  if copies:
+    print("  copies by TensorFlow op (count, bytes, ms):")
+    for (name, op), (n, nbytes, ms) in sorted(copies.items(), key=lambda kv: -kv[1][2])[:top]:
+      print(f"    {name:10s} {n:4d}x {nbytes:12,d} B {ms:8.3f} ms  {op}")
 
 
 if __name__ == "__main__":
