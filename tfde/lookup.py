@@ -309,7 +309,8 @@ class ShardedLookup(tf.Module):
           group=group, features=features, combiners=combiners,
           replica=comm.replica_id(),
           routed=routing.Routed(fused_ids, None,
-                                tf.range(tf.size(fused_ids, out_type=tf.int32)), None),
+                                ops.int32_range(tf.size(fused_ids, out_type=tf.int64)),
+                                None),
           batch=group_step.as_one_batch(features, combiners), num_rows=tf.size(fused_ids),
           fused=True, deduped=False)
     unique, inverse, counts = ops.unique_with_counts(fused_ids)

@@ -136,6 +136,7 @@ def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
 
 
 BagGradients = types.BagGradients
+int32_range = types.int32_range
 
 
 def bag_gradients_dense(grads):

@@ -36,6 +36,7 @@ from tfde.ops.checks import index_tensor
 from tfde.ops.checks import shape_parts
 from tfde.ops.checks import shape_string
 from tfde.ops.types import BagGradients  # noqa: F401 (sparse_apply takes one)
+from tfde.ops.types import int32_range
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -361,11 +362,13 @@ def table_of_fused_rows(rows, bases):
   """Each fused row's table (-1 below the first) and its row there."""
   # In int64: a base may not fit the rows' dtype (a later table's rows
   # then are simply absent).
+  # The arithmetic in int64 too: TensorFlow computes int32 arithmetic of
+  # GPU tensors on the host, copying them there and back.
   wide = tf.cast(rows, tf.int64)
   base = tf.constant([int(b) for b in bases], tf.int64)
-  table_index = tf.cast(tf.searchsorted(base, wide, side="right"), tf.int32) - 1
+  table_index = tf.searchsorted(base, wide, side="right", out_type=tf.int64) - 1
   local = wide - tf.gather(base, tf.maximum(table_index, 0))
-  return table_index, tf.cast(local, rows.dtype)
+  return tf.cast(table_index, tf.int32), tf.cast(local, rows.dtype)
 
 
 def split_rows_by_table(rows, bases):
@@ -376,7 +379,7 @@ def split_rows_by_table(rows, bases):
   checks.append(assert_that(none, "rows[", i, "] = ", value, " is negative"))
   with tf.control_dependencies(checks):
     table_index, local = table_of_fused_rows(rows, bases)
-    positions = tf.range(tf.size(rows, out_type=tf.int32))
+    positions = int32_range(tf.size(rows, out_type=tf.int64))
     return list(zip(tf.dynamic_partition(local, table_index, len(bases)),
                     tf.dynamic_partition(positions, table_index, len(bases))))
 

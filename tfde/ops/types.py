@@ -20,6 +20,21 @@ def on_gpu(device):
   return "GPU" in (device or "").upper()
 
 
+def int32_range(size):
+  """0, 1, ..., size - 1 as int32, for an int64 scalar `size`.
+
+  Made in int64 and narrowed: TensorFlow keeps int32 tensors of a GPU in
+  host memory for Range and arithmetic, so an int32 range would be built
+  on the host and copied to the device (0.4 ms a step for 5M ids on an
+  H200).
+
+  >>> import tensorflow as tf
+  >>> int32_range(tf.constant(3, tf.int64)).numpy().tolist()
+  [0, 1, 2]
+  """
+  return tf.cast(tf.range(size), tf.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class BagGradients:
   """Row gradients kept as the ids that read each row, so a lookup's

@@ -46,10 +46,11 @@ with tf.device("/GPU:0"):
   u = tfde.ops.unique_with_counts(tf.constant([3, 1, 3, 7], tf.int64))
 print("unique on", u[0].device, [x.numpy().tolist() for x in u])
 PY
-if [ "$what" = tests ] || [ "$what" = all ]; then
+if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = tests+bench ]; then
   T1=$(date +%s)
-  timeout 150 python3 -m pytest -q -rfs -p no:cacheprovider -n 6 tests/test_gpu.py tests/test_cuda_kernels.py \
-    tests/test_ops.py tests/test_ops_optimizers.py tests/test_sharded.py tests/test_forward_dedup.py \
+  TESTS=${TESTS:-"tests/test_gpu.py tests/test_cuda_kernels.py tests/test_ops.py tests/test_ops_optimizers.py tests/test_sharded.py tests/test_forward_dedup.py"}
+  timeout 150 python3 -m pytest -q -rfs -p no:cacheprovider -n 6 $TESTS \
+    2>&1 | tee $OUT/tests.log | grep -v "^WARNING\|^I0000\|^E0000\|^W0000" | tail -40
     2>&1 | tee $OUT/tests.log | grep -v "^WARNING\|^I0000\|^E0000\|^W0000" | tail -40
   echo "tests took $(( $(date +%s) - T1 )) s"
 fi
@@ -58,7 +59,7 @@ if [ "$what" = profile ] || [ "$what" = all ]; then
   timeout 170 python3 bench/gpu_bench.py --profile --reps 20 2>&1 | tee $OUT/profile.log | grep -v "^WARNING\|^I0000\|^W0000" | tail -120
   echo "profile took $(( $(date +%s) - T1 )) s"
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = tests+bench ]; then
   T1=$(date +%s)
   timeout 120 python3 bench/gpu_bench.py --reps 20 2>&1 | tee $OUT/bench.log | grep -v "^WARNING\|^I0000\|^W0000" | tail -45
   echo "bench took $(( $(date +%s) - T1 )) s"
