@@ -51,7 +51,6 @@ if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = tests+bench ]; then
   TESTS=${TESTS:-"tests/test_gpu.py tests/test_cuda_kernels.py tests/test_ops.py tests/test_ops_optimizers.py tests/test_sharded.py tests/test_forward_dedup.py"}
   timeout 150 python3 -m pytest -q -rfs -p no:cacheprovider -n 6 $TESTS \
     2>&1 | tee $OUT/tests.log | grep -v "^WARNING\|^I0000\|^E0000\|^W0000" | tail -40
-    2>&1 | tee $OUT/tests.log | grep -v "^WARNING\|^I0000\|^E0000\|^W0000" | tail -40
   echo "tests took $(( $(date +%s) - T1 )) s"
 fi
 if [ "$what" = profile ] || [ "$what" = all ]; then
