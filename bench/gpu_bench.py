@@ -296,7 +296,8 @@ def profile(args):
   stages = {
       "flatten + fuse ids": lambda: group.fused_ids(lookup.flatten(inputs)),
       "combine from tables (the op alone)": lambda: group.combine_local(
-          0, fused, tf.range(tf.size(fused, out_type=tf.int32)), (splits, weights, combiner)),
+          0, fused, tfde.ops.int32_range(tf.size(fused, out_type=tf.int64)),
+          (splits, weights, combiner)),
       "forward without the id checks (diagnostic)": unchecked_forward,
       "dedup (unique_with_counts)": lambda: tfde.ops.unique_with_counts(fused),
       "update gradients (the backward's form here)": update_gradients,
