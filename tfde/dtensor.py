@@ -64,6 +64,7 @@ from tensorflow.python.ops import resource_variable_ops
 
 from tfde import config as config_lib
 from tfde import initializers
+from tfde import ops
 from tfde import sharding
 from tfde.tables import base
 
@@ -290,7 +291,12 @@ class DTensorTable(base.Table):
       if key != "step":
         self._check_shape(state, key, (self.vocabulary_size, self.embedding_dim), source)
 
-  def load_state(self, state, source="checkpoint"):
+  def advise_memory(self):
+    # A mesh's variables are DTensors, which tfde's op (plain resource
+    # handles) does not take.
+    return ops.advise_huge_pages([])
+
+  def _load_state(self, state, source):
     self.check_state(state, source)
     padding = self.rows_per_shard * self.num_shards - self.vocabulary_size
     for key in self.state_keys():

@@ -161,6 +161,10 @@ def gather_from_tables(tables, rows, bases):
                                         bases=[int(b) for b in bases])
 
 
+def advise_huge_pages(variables, collapse=True):
+  return load().tfde_advise_huge_pages([v.handle for v in variables], collapse=collapse)
+
+
 def _int64(value, name):
   """An integer input of the dynamic table ops, widened to int64."""
   return tf.cast(index_tensor(value, name), tf.int64)

@@ -358,6 +358,15 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
                      for v, r in zip(variables, new_rows)])
 
 
+def advise_huge_pages(variables, collapse=True):
+  """Stock TensorFlow has no way to advise the memory of a variable: the
+  twin advises nothing (0 bytes, 0 bytes), which changes no value, as the
+  kernel's advice changes none."""
+  del variables, collapse
+  zero = tf.constant(0, tf.int64)
+  return zero, zero
+
+
 def table_of_fused_rows(rows, bases):
   """Each fused row's table (-1 below the first) and its row there."""
   # In int64: a base may not fit the rows' dtype (a later table's rows

@@ -22,6 +22,8 @@ A new kind (an engine, a sharding kind) is a new file with a class
 implementing `base.Table`, and a branch in `make_table`.
 """
 
+import tensorflow as tf
+
 from tfde import optimizers
 from tfde import placement
 from tfde.tables.base import Table  # noqa: F401 (public)
@@ -44,16 +46,21 @@ def make_table(config, communicator=None, auto_replicate_bytes=None, layout=None
   when given; with `engine` (a `tpu.TPUEngine`), a table living in it."""
   if engine is not None:
     return TPUTable(config, engine)
+  if layout is not None:
+    table = _make_laid_out(config, communicator, layout)
+  elif config.is_dynamic:
+    placement.check(config)
+    table = DynamicTable(config, communicator)
+  else:
+    table = ShardedTable(config, communicator,
+                         replicated=placement.replicates(config, auto_replicate_bytes))
+  if tf.executing_eagerly():
+    # Its buffers exist and hold their first values (in a TF1 graph they
+    # do only once the initializers run).
+    table.advise_memory()
   # Built in a TF1 graph (an estimator's model_fn), the table joins the
   # graph's savers whole (graph_saving).
-  if layout is not None:
-    return graph_saving.register(_make_laid_out(config, communicator, layout))
-  if config.is_dynamic:
-    placement.check(config)
-    return graph_saving.register(DynamicTable(config, communicator))
-  return graph_saving.register(ShardedTable(
-      config, communicator,
-      replicated=placement.replicates(config, auto_replicate_bytes)))
+  return graph_saving.register(table)
 
 
 def _make_laid_out(config, communicator, layout):

@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from tfde import comm as comm_lib
 from tfde import inputs
+from tfde import ops
 from tfde.ops import checks
 from tfde.tables import tpu as tpu_tables
 from tfde import optimizers
@@ -303,8 +304,27 @@ class Table(tf.Module):
 
   def load_state(self, state, source="checkpoint"):
     """Replaces the whole table with `state` (see `state()`); returns the
-    op (eagerly, it has run). Checks everything before writing anything."""
+    op (eagerly, it has run). Checks everything before writing anything
+    (`source` names where the state came from in those errors)."""
+    loaded = self._load_state(state, source)
+    # A load gives the variables new buffers (an assign adopts the restored
+    # tensor's), which the advice on the old ones does not cover.
+    if tf.executing_eagerly():
+      self.advise_memory()
+      return loaded
+    with tf.control_dependencies([loaded]):
+      return tf.group([loaded, *self.advise_memory()])
+
+  def _load_state(self, state, source):
+    """The kind's `load_state`."""
     raise NotImplementedError
+
+  def advise_memory(self):
+    """Asks the OS for huge pages under this table's large CPU buffers (its
+    rows and slots; `tfde.ops.advise_huge_pages`): `make_table` calls it
+    once they exist, `load_state` after replacing them. Returns the op's
+    (advised, collapsed) bytes."""
+    return ops.advise_huge_pages(self.variables)
 
   def step_value(self):
     """The number of optimizer steps applied (eager)."""

@@ -155,7 +155,7 @@ class ColumnWiseTable(base.Table):
         self._check_shape(state, key, (self.vocabulary_size, self.embedding_dim),
                           source)
 
-  def load_state(self, state, source="checkpoint"):
+  def _load_state(self, state, source):
     self.check_state(state, source)
     self._replaced()
     updates, start = [], 0

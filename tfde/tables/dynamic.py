@@ -266,7 +266,7 @@ class DynamicTable(base.Table):
                        f"{int(values[counts > 1][0])} more than once (as rows or "
                        "pending ids); it is corrupted, and nothing was loaded")
 
-  def load_state(self, state, source="checkpoint"):
+  def _load_state(self, state, source):
     self.check_state(state, source)
     values = tf.stack([tf.convert_to_tensor(state["table"], tf.float32)] +
                       [tf.convert_to_tensor(state[base.SLOT_PREFIX + s], tf.float32)

@@ -82,6 +82,7 @@ class ShardedTable(base.Table):
     self.optimizer = optimizer
     for replica in self.shards:
       self.slots[replica] = self._new_slots(replica, optimizer)
+    self.advise_memory()
 
   # ---- the pipeline's side
 
@@ -177,7 +178,7 @@ class ShardedTable(base.Table):
       if key != "step":
         self._check_shape(state, key, expected, source)
 
-  def load_state(self, state, source="checkpoint"):
+  def _load_state(self, state, source):
     self.check_state(state, source)
     self._replaced()
     updates = []

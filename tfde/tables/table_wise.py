@@ -158,7 +158,7 @@ class TableWiseTable(OwnedRows, sharded.ShardedTable):
     slot = key[len(base.SLOT_PREFIX):]
     return {r: s[slot] for r, s in self.slots.items()}
 
-  def load_state(self, state, source="checkpoint"):
+  def _load_state(self, state, source):
     self.check_state(state, source)
     self._replaced()
     updates = [s.assign(tf.cast(state["step"], tf.int64)) for s in self.steps.values()]
