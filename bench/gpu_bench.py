@@ -368,28 +368,22 @@ def _stats(plane, event):
 
 def summarize_copies(plane, top=12):
   """The device plane's copies by the TensorFlow op that asked for them:
-  how many, their bytes and time (where a step's host round trips and
-  transfers come from)."""
+  how many and their time (where a step's host round trips and transfers
+  come from)."""
   import collections  # pylint: disable=g-import-not-at-top
-  import re  # pylint: disable=g-import-not-at-top
-  copies = collections.defaultdict(lambda: [0, 0, 0.0])
+  copies = collections.defaultdict(lambda: [0, 0.0])
   for line in plane.lines:
     for event in line.events:
       name = plane.event_metadata[event.metadata_id].name
       if not name.startswith("Memcpy"):
         continue
-      stats = _stats(plane, event)
-      details = str(stats.get("memcpy_details", ""))
-      found = re.search(r"num_bytes:\s*(\d+)", details)
-      key = (name, str(stats.get("tf_op", "?"))[:70])
+      key = (name, str(_stats(plane, event).get("tf_op", "?"))[:70])
       copies[key][0] += 1
-      copies[key][1] += int(found.group(1)) if found else 0
-      copies[key][2] += event.duration_ps / 1e9
+      copies[key][1] += event.duration_ps / 1e9
   if copies:
-    print("  copies by TensorFlow op (count, bytes, ms):")
-    for (name, op), (n, nbytes, ms) in sorted(copies.items(), key=lambda kv: -kv[1][2])[:top]:
-      print(f"    {name:10s} {n:4d}x {nbytes:12,d} B {ms:8.3f} ms  {op}")
-
+    print("  copies by TensorFlow op (count, ms):")
+    for (name, op), (n, ms) in sorted(copies.items(), key=lambda kv: -kv[1][1])[:top]:
+      print(f"    {name:10s} {n:4d}x {ms:8.3f} ms  {op}")
 
 if __name__ == "__main__":
   main()

@@ -358,11 +358,14 @@ def _combine_from_tables(lib, tables, rows, inverse, splits, weights, combiner, 
   return out, bad_row.value, bad_split.value, bad_inverse.value
 
 
-@pytest.mark.parametrize("num_tables,dim", [(1, 64), (3, 5), (70, 8)],
-                         ids=["float4-loads", "odd-width", "70-tables"])
+@pytest.mark.parametrize("num_tables,dim", [(1, 64), (3, 5), (70, 8), (70, 6)],
+                         ids=["float4-loads", "odd-width", "70-tables",
+                              "70-tables-odd-width"])
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 @pytest.mark.parametrize("index_dtype,split_dtype", [(np.int64, np.int64),
-                                                     (np.int32, np.int32)])
+                                                     (np.int32, np.int32),
+                                                     (np.int64, np.int32),
+                                                     (np.int32, np.int64)])
 def test_combine_from_tables(lib, num_tables, dim, combiner, index_dtype, split_dtype):
   rng = np.random.default_rng(zlib.crc32(f"{num_tables}{dim}{combiner}".encode()))
   tables = [rng.normal(size=(int(rng.integers(1, 40)), dim)).astype(np.float32)

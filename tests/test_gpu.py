@@ -113,8 +113,9 @@ def test_gather_from_tables_runs_on_the_device():
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 @pytest.mark.parametrize("sizes,dim", [((40, 7, 90), 64), ((13, 1, 30), 6),
-                                        ((3,) * 70, 8)],
-                         ids=["vector-loads", "odd-width", "70-tables"])
+                                        ((3,) * 70, 8), ((3,) * 70, 6)],
+                         ids=["vector-loads", "odd-width", "70-tables",
+                              "70-tables-odd-width"])
 def test_combine_from_tables_runs_on_the_device(combiner, weighted, sizes, dim):
   """The fused forward reads each id's row straight from its table on
   the GPU: float4 loads at width 64, one float at a time at width 6, and
@@ -133,6 +134,14 @@ def test_combine_from_tables_runs_on_the_device(combiner, weighted, sizes, dim):
   got, want = _both(lambda: tfde.ops.combine_from_tables(tables, rows, bases, inverse,
                                                          row_splits, weights, combiner))
   _assert_equal(got, want)
+  # The op itself, as the pipeline calls it (an int32 inverse), has a GPU
+  # kernel: not gather-then-combine, not a silent fallback to the CPU.
+  with tf.device(DEVICE):
+    direct = tfde.ops.native.load().tfde_combine_from_tables(
+        [t.handle for t in tables], rows, inverse, row_splits,
+        tf.zeros([0]) if weights is None else weights, bases=bases, combiner=combiner)
+  _ran_here(direct)
+  _assert_equal(direct, got)
   full = np.concatenate([t.numpy() for t in tables]).astype(np.float64)
   read = rows.numpy()[inverse.numpy()]
   splits = row_splits.numpy()

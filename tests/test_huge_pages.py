@@ -140,3 +140,23 @@ def test_a_table_advises_its_rows_and_slots_when_made_and_after_a_load():
     if key not in ("table", "step"):
       np.testing.assert_array_equal(np.asarray(table.state()[key]), state[key])
 
+
+
+def test_a_tf1_graph_load_adds_no_advice(monkeypatch):
+  # In a TF1 graph a restore's op runs before the variables it leaves out
+  # (the update record) are initialized: advising them there would fail.
+  monkeypatch.setattr(tfde.ops, "HUGE_PAGES_MIN_BYTES", 1)  # every variable
+  with tf.Graph().as_default():
+    table = tfde.tables.make_table(
+        tfde.TableConfig(name="g", vocabulary_size=10, embedding_dim=4),
+        tfde.comm.LocalCommunicator("/cpu:0"))
+    table.load_state({"table": tf.zeros([10, 4]), "step": tf.constant(0, tf.int64)})
+    ops = tf.compat.v1.get_default_graph().get_operations()
+    assert ops and not [op for op in ops if op.type == "TfdeAdviseHugePages"]
+
+
+def test_a_table_kind_cannot_bypass_the_load_advice():
+  with pytest.raises(TypeError, match="overrides load_state"):
+    class _Kind(tfde.tables.Table):  # pylint: disable=unused-variable
+      def load_state(self, state, source="checkpoint"):
+        return None

@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "../kernel_params.h"
 
@@ -98,6 +99,25 @@ struct TableGroup {
   int64_t end;                        // first group row after these tables
   int count;
 };
+
+// A group of num_tables tables (data[t] from group row base[t]) as the
+// launches that cover it, kMaxTablesPerLaunch tables each, in order.
+inline std::vector<TableGroup> TableLaunches(int num_tables, const float* const* data,
+                                             const int64_t* base) {
+  std::vector<TableGroup> launches;
+  for (int t0 = 0; t0 < num_tables; t0 += kMaxTablesPerLaunch) {
+    TableGroup group{};
+    group.count = num_tables - t0 < kMaxTablesPerLaunch ? num_tables - t0
+                                                          : kMaxTablesPerLaunch;
+    for (int k = 0; k < group.count; ++k) {
+      group.data[k] = data[t0 + k];
+      group.base[k] = base[t0 + k];
+    }
+    group.end = t0 + group.count < num_tables ? base[t0 + group.count] : INT64_MAX;
+    launches.push_back(group);
+  }
+  return launches;
+}
 
 // out[i] = the row rows[i] of the group, for the rows inside `group`'s
 // tables; callers check 0 <= rows[i] < total rows first (FindOutOfRange).

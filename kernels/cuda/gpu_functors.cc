@@ -112,17 +112,17 @@ typename CudaType<T>::type* CudaData(Tensor* t) {
 // first launch.
 template <typename Launch>
 Status ForEachTableLaunch(const FusedTables& tables, const char* what, Launch launch) {
-  const int num_tables = tables.num_tables();
-  for (int t0 = 0; t0 < num_tables; t0 += gpu::kMaxTablesPerLaunch) {
-    gpu::TableGroup group{};
-    group.count = std::min(gpu::kMaxTablesPerLaunch, num_tables - t0);
-    for (int k = 0; k < group.count; ++k) {
-      group.data[k] = tables.data(t0 + k);
-      group.base[k] = tables.base(t0 + k);
-    }
-    group.end = t0 + group.count < num_tables ? tables.base(t0 + group.count)
-                                              : std::numeric_limits<int64_t>::max();
-    TF_RETURN_IF_ERROR(CudaStatus(launch(group, t0 == 0), what));
+  std::vector<const float*> data(tables.num_tables());
+  std::vector<int64_t> base(tables.num_tables());
+  for (int t = 0; t < tables.num_tables(); ++t) {
+    data[t] = tables.data(t);
+    base[t] = tables.base(t);
+  }
+  bool first = true;
+  for (const gpu::TableGroup& group : gpu::TableLaunches(tables.num_tables(), data.data(),
+                                                         base.data())) {
+    TF_RETURN_IF_ERROR(CudaStatus(launch(group, first), what));
+    first = false;
   }
   return absl::OkStatus();
 }

@@ -226,19 +226,9 @@ class UploadedTables {
   }
   int64_t end() const { return base_.back(); }
   std::vector<TableGroup> Launches() const {
-    const int num_tables = static_cast<int>(tables_.size());
-    std::vector<TableGroup> launches;
-    for (int t0 = 0; t0 < num_tables; t0 += kMaxTablesPerLaunch) {
-      TableGroup group{};
-      group.count = std::min(kMaxTablesPerLaunch, num_tables - t0);
-      for (int k = 0; k < group.count; ++k) {
-        group.data[k] = tables_[t0 + k].as<float>();
-        group.base[k] = base_[t0 + k];
-      }
-      group.end = t0 + group.count < num_tables ? base_[t0 + group.count] : INT64_MAX;
-      launches.push_back(group);
-    }
-    return launches;
+    std::vector<const float*> data;
+    for (const DeviceBuffer& table : tables_) data.push_back(table.as<float>());
+    return TableLaunches(static_cast<int>(tables_.size()), data.data(), base_.data());
   }
 
  private:

@@ -98,6 +98,9 @@ def first_offender(mask, values):
   (False, 1, -2)
   """
   values = tf.reshape(values, [-1])
+  if values.dtype == tf.int32:
+    # TensorFlow keeps int32 tensors of a GPU on the host for ConcatV2.
+    values = tf.cast(values, tf.int64)
   first = first_true(mask)
   value = tf.gather(tf.concat([values, tf.zeros([1], values.dtype)], 0), first)
   return tf.equal(first, tf.size(values, out_type=tf.int64)), first, value

@@ -368,7 +368,7 @@ def advise_huge_pages(variables, collapse=True):
 
 
 def table_of_fused_rows(rows, bases):
-  """Each fused row's table (-1 below the first) and its row there."""
+  """Each fused row's table (-1 below the first; int64) and its row there."""
   # In int64: a base may not fit the rows' dtype (a later table's rows
   # then are simply absent).
   # The arithmetic in int64 too: TensorFlow computes int32 arithmetic of
@@ -377,7 +377,7 @@ def table_of_fused_rows(rows, bases):
   base = tf.constant([int(b) for b in bases], tf.int64)
   table_index = tf.searchsorted(base, wide, side="right", out_type=tf.int64) - 1
   local = wide - tf.gather(base, tf.maximum(table_index, 0))
-  return tf.cast(table_index, tf.int32), tf.cast(local, rows.dtype)
+  return table_index, tf.cast(local, rows.dtype)
 
 
 def split_rows_by_table(rows, bases):
@@ -388,6 +388,7 @@ def split_rows_by_table(rows, bases):
   checks.append(assert_that(none, "rows[", i, "] = ", value, " is negative"))
   with tf.control_dependencies(checks):
     table_index, local = table_of_fused_rows(rows, bases)
+    table_index = tf.cast(table_index, tf.int32)  # dynamic_partition's type
     positions = int32_range(tf.size(rows, out_type=tf.int64))
     return list(zip(tf.dynamic_partition(local, table_index, len(bases)),
                     tf.dynamic_partition(positions, table_index, len(bases))))
@@ -413,7 +414,7 @@ def gather_from_tables(tables, rows, bases):
     checks.append(assert_that(none, "rows[", i, "] = ", value,
                               " is outside every table of the group"))
   with tf.control_dependencies(checks):
-    table_index = tf.maximum(table_index, 0)
+    table_index = tf.cast(tf.maximum(table_index, 0), tf.int32)
     parts = tf.dynamic_partition(local, table_index, count)
     slots = tf.dynamic_partition(tf.range(tf.size(rows)), table_index, count)
     # Read through the handles, as the kernel does: a tape then does not

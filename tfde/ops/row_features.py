@@ -143,7 +143,7 @@ def gather_rows_float32(tables, rows, bases):
   table_index, local = table_of_fused_rows(rows, bases)
   if len(tables) == 1:
     return tf.cast(tf.gather(tables[0], local), tf.float32)
-  table_index = tf.maximum(table_index, 0)
+  table_index = tf.cast(tf.maximum(table_index, 0), tf.int32)
   parts = tf.dynamic_partition(local, table_index, len(tables))
   slots = tf.dynamic_partition(tf.range(tf.size(rows)), table_index, len(tables))
   return tf.dynamic_stitch(slots, [tf.cast(tf.gather(t, p), tf.float32)

@@ -21,8 +21,8 @@ class implementing this contract:
   on the rows a step touched;
 - explicit gradients (SOK style): `gradient_variable(replica)` and
   `gradient_slices(replica, rows, grads)`;
-- whole-table state: `state()` and `load_state(state)`, tensors of the
-  whole table (rows, each optimizer slot as `slot_<name>`, the step, and
+- whole-table state: `state()` and `load_state(state)` (a kind implements
+  `_load_state`; `load_state` wraps it), tensors of the whole table (rows, each optimizer slot as `slot_<name>`, the step, and
   kind-specific fields) independent of the replica count. Checkpoints,
   Keras saving, warm starts, resharding and serving go through them, so a
   new field is written once, in the table kind;
@@ -308,16 +308,22 @@ class Table(tf.Module):
     (`source` names where the state came from in those errors)."""
     loaded = self._load_state(state, source)
     # A load gives the variables new buffers (an assign adopts the restored
-    # tensor's), which the advice on the old ones does not cover.
+    # tensor's), which the advice on the old ones does not cover. Eagerly
+    # only, as at creation: in a TF1 graph a restore's op runs before the
+    # variables it leaves out are initialized (graph_saving).
     if tf.executing_eagerly():
       self.advise_memory()
-      return loaded
-    with tf.control_dependencies([loaded]):
-      return tf.group([loaded, *self.advise_memory()])
+    return loaded
 
   def _load_state(self, state, source):
     """The kind's `load_state`."""
     raise NotImplementedError
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    if "load_state" in cls.__dict__:
+      raise TypeError(f"{cls.__name__} overrides load_state; a table kind implements "
+                      "_load_state, which load_state wraps")
 
   def advise_memory(self):
     """Asks the OS for huge pages under this table's large CPU buffers (its

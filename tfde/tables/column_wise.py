@@ -161,7 +161,8 @@ class ColumnWiseTable(base.Table):
     updates, start = [], 0
     for s in self.slices:
       stop = start + s.embedding_dim
-      updates.append(s.load_state(
+      # The slices' own loads: this table's load_state advises them all.
+      updates.append(s._load_state(  # pylint: disable=protected-access
           {k: v if k == "step" else tf.convert_to_tensor(v)[:, start:stop]
            for k, v in state.items() if k in self.state_keys()}, source))
       start = stop

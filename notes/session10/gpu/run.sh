@@ -2,7 +2,7 @@
 # On the lent GPU machine (no TensorFlow there, nothing to download): puts
 # together TensorFlow 2.21 (its CUDA 12.5 build, carried in pieces by
 # stage.sh) and runs tfde's GPU checks inside it. See ../../session9/gpu/README.md.
-#   bash notes/session9/gpu/run.sh [tests|bench|all]
+#   bash notes/session10/gpu/run.sh [tests|profile|bench|tests+bench|all]  (TESTS=... picks the test files)
 set -u
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
