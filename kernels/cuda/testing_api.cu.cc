@@ -133,52 +133,56 @@ int Partition(const void* ids_host, int64_t n, int32_t num_shards, int dynamic,
   return 0;
 }
 
-// The checks and coefficients shared by combine and its gradient.
-template <typename Split>
-int PrepareCombine(const int32_t* inverse_host, int64_t n, int64_t num_rows,
-                   const void* splits_host, int64_t batch, const float* weights_host,
-                   int combiner, DeviceBuffer* inverse, DeviceBuffer* splits,
-                   DeviceBuffer* weights, DeviceBuffer* bag_of, DeviceBuffer* coefficient,
-                   unsigned long long* first_bad_split,
-                   unsigned long long* first_bad_inverse) {
-  FirstBad split_check, inverse_check;
-  TFDE_CHECK_CUDA(inverse->Upload(inverse_host, n * sizeof(int32_t)));
-  TFDE_CHECK_CUDA(splits->Upload(splits_host, (batch + 1) * sizeof(Split)));
-  if (weights_host) TFDE_CHECK_CUDA(weights->Upload(weights_host, n * sizeof(float)));
-  TFDE_CHECK_CUDA(split_check.Init());
-  TFDE_CHECK_CUDA(inverse_check.Init());
-  TFDE_CHECK_CUDA(FindBadSplit<Split>(0, splits->as<Split>(), batch, n, split_check.device()));
-  TFDE_CHECK_CUDA(FindOutOfRange<int32_t>(0, inverse->as<int32_t>(), n, 0, num_rows,
-                                          inverse_check.device()));
-  TFDE_CHECK_CUDA(split_check.Read(first_bad_split));
-  TFDE_CHECK_CUDA(inverse_check.Read(first_bad_inverse));
-  if (*first_bad_split != kNoError || *first_bad_inverse != kNoError) return 0;
-  TFDE_CHECK_CUDA(bag_of->Allocate(n * sizeof(int32_t)));
-  TFDE_CHECK_CUDA(coefficient->Allocate(n * sizeof(float)));
-  TFDE_CHECK_CUDA(CombineCoefficients<Split>(
-      0, splits->as<Split>(), batch, weights_host ? weights->as<float>() : nullptr,
-      static_cast<Combiner>(combiner), bag_of->as<int32_t>(), coefficient->as<float>()));
-  return 0;
-}
+// A combine's checked batch and coefficients on the device, shared by the
+// combines and the gradient: Prepare returns 0 or a CUDA error, and leaves
+// `ready` false when a check failed (first_bad_split / first_bad_inverse
+// say which; then nothing else is uploaded or computed).
+struct PreparedCombine {
+  DeviceBuffer inverse, splits, weights, bag_of, coefficient;
+  bool ready = false;
+
+  template <typename Split>
+  int Prepare(const int32_t* inverse_host, int64_t n, int64_t num_rows,
+              const void* splits_host, int64_t batch, const float* weights_host,
+              int combiner, unsigned long long* first_bad_split,
+              unsigned long long* first_bad_inverse) {
+    FirstBad split_check, inverse_check;
+    TFDE_CHECK_CUDA(inverse.Upload(inverse_host, n * sizeof(int32_t)));
+    TFDE_CHECK_CUDA(splits.Upload(splits_host, (batch + 1) * sizeof(Split)));
+    if (weights_host) TFDE_CHECK_CUDA(weights.Upload(weights_host, n * sizeof(float)));
+    TFDE_CHECK_CUDA(split_check.Init());
+    TFDE_CHECK_CUDA(inverse_check.Init());
+    TFDE_CHECK_CUDA(FindBadSplit<Split>(0, splits.as<Split>(), batch, n, split_check.device()));
+    TFDE_CHECK_CUDA(FindOutOfRange<int32_t>(0, inverse.as<int32_t>(), n, 0, num_rows,
+                                            inverse_check.device()));
+    TFDE_CHECK_CUDA(split_check.Read(first_bad_split));
+    TFDE_CHECK_CUDA(inverse_check.Read(first_bad_inverse));
+    if (*first_bad_split != kNoError || *first_bad_inverse != kNoError) return 0;
+    TFDE_CHECK_CUDA(bag_of.Allocate(n * sizeof(int32_t)));
+    TFDE_CHECK_CUDA(coefficient.Allocate(n * sizeof(float)));
+    TFDE_CHECK_CUDA(CombineCoefficients<Split>(
+        0, splits.as<Split>(), batch, weights_host ? weights.as<float>() : nullptr,
+        static_cast<Combiner>(combiner), bag_of.as<int32_t>(), coefficient.as<float>()));
+    ready = true;
+    return 0;
+  }
+};
 
 template <typename T, typename Split>
 int Combine(const void* rows_host, int64_t num_rows, int64_t dim, const int32_t* inverse_host,
             int64_t n, const void* splits_host, int64_t batch, const float* weights_host,
             int combiner, void* out_host, unsigned long long* first_bad_split,
             unsigned long long* first_bad_inverse) {
-  DeviceBuffer rows, inverse, splits, weights, bag_of, coefficient, out;
-  int status = PrepareCombine<Split>(inverse_host, n, num_rows, splits_host, batch,
-                                     weights_host, combiner, &inverse, &splits, &weights,
-                                     &bag_of, &coefficient, first_bad_split,
-                                     first_bad_inverse);
-  if (status != 0 || *first_bad_split != kNoError || *first_bad_inverse != kNoError) {
-    return status;
-  }
+  PreparedCombine c;
+  const int status = c.Prepare<Split>(inverse_host, n, num_rows, splits_host, batch,
+                                      weights_host, combiner, first_bad_split, first_bad_inverse);
+  if (status != 0 || !c.ready) return status;
+  DeviceBuffer rows, out;
   TFDE_CHECK_CUDA(rows.Upload(rows_host, num_rows * dim * sizeof(T)));
   TFDE_CHECK_CUDA(out.Allocate(batch * dim * sizeof(T)));
-  TFDE_CHECK_CUDA(EmbeddingCombine<T, Split>(0, rows.as<T>(), dim, inverse.as<int32_t>(),
-                                             splits.as<Split>(), batch,
-                                             coefficient.as<float>(), out.as<T>()));
+  TFDE_CHECK_CUDA(EmbeddingCombine<T, Split>(0, rows.as<T>(), dim, c.inverse.as<int32_t>(),
+                                             c.splits.as<Split>(), batch,
+                                             c.coefficient.as<float>(), out.as<T>()));
   TFDE_CHECK_CUDA(out.Download(out_host, batch * dim * sizeof(T)));
   return 0;
 }
@@ -188,20 +192,17 @@ int CombineGrad(const void* grad_host, int64_t dim, const int32_t* inverse_host,
                 const void* splits_host, int64_t batch, const float* weights_host,
                 int combiner, int64_t num_unique, void* out_host,
                 unsigned long long* first_bad_split, unsigned long long* first_bad_inverse) {
-  DeviceBuffer grad, inverse, splits, weights, bag_of, coefficient, out, workspace;
-  int status = PrepareCombine<Split>(inverse_host, n, num_unique, splits_host, batch,
-                                     weights_host, combiner, &inverse, &splits, &weights,
-                                     &bag_of, &coefficient, first_bad_split,
-                                     first_bad_inverse);
-  if (status != 0 || *first_bad_split != kNoError || *first_bad_inverse != kNoError) {
-    return status;
-  }
+  PreparedCombine c;
+  const int status = c.Prepare<Split>(inverse_host, n, num_unique, splits_host, batch,
+                                      weights_host, combiner, first_bad_split, first_bad_inverse);
+  if (status != 0 || !c.ready) return status;
+  DeviceBuffer grad, out, workspace;
   TFDE_CHECK_CUDA(grad.Upload(grad_host, batch * dim * sizeof(T)));
   TFDE_CHECK_CUDA(out.Allocate(num_unique * dim * sizeof(T)));
   TFDE_CHECK_CUDA(WithWorkspace(
       [&](void* ws, size_t* bytes) {
-        return EmbeddingCombineGrad<T>(0, grad.as<T>(), dim, inverse.as<int32_t>(), n,
-                                       bag_of.as<int32_t>(), coefficient.as<float>(),
+        return EmbeddingCombineGrad<T>(0, grad.as<T>(), dim, c.inverse.as<int32_t>(), n,
+                                       c.bag_of.as<int32_t>(), c.coefficient.as<float>(),
                                        num_unique, ws, bytes, out.as<T>());
       },
       &workspace));
@@ -265,14 +266,11 @@ int CombineFromTablesHost(int num_tables, const float* const* tables_host,
                           int combiner, float* out_host, unsigned long long* first_bad_row,
                           unsigned long long* first_bad_split,
                           unsigned long long* first_bad_inverse) {
-  DeviceBuffer inverse, splits, weights, bag_of, coefficient, rows, out;
-  int status = PrepareCombine<Split>(inverse_host, n, num_rows, splits_host, batch,
-                                     weights_host, combiner, &inverse, &splits, &weights,
-                                     &bag_of, &coefficient, first_bad_split,
-                                     first_bad_inverse);
-  if (status != 0 || *first_bad_split != kNoError || *first_bad_inverse != kNoError) {
-    return status;
-  }
+  PreparedCombine c;
+  const int status = c.Prepare<Split>(inverse_host, n, num_rows, splits_host, batch,
+                                      weights_host, combiner, first_bad_split, first_bad_inverse);
+  if (status != 0 || !c.ready) return status;
+  DeviceBuffer rows, out;
   UploadedTables tables;
   FirstBad bad;
   TFDE_CHECK_CUDA(tables.Upload(num_tables, tables_host, table_rows, dim));
@@ -286,8 +284,8 @@ int CombineFromTablesHost(int num_tables, const float* const* tables_host,
   bool first = true;
   for (const TableGroup& group : tables.Launches()) {
     TFDE_CHECK_CUDA(CombineFromTables<Index, Split>(
-        0, group, dim, rows.as<Index>(), inverse.as<int32_t>(), splits.as<Split>(), batch,
-        coefficient.as<float>(), /*accumulate=*/!first, out.as<float>()));
+        0, group, dim, rows.as<Index>(), c.inverse.as<int32_t>(), c.splits.as<Split>(), batch,
+        c.coefficient.as<float>(), /*accumulate=*/!first, out.as<float>()));
     first = false;
   }
   TFDE_CHECK_CUDA(out.Download(out_host, batch * dim * sizeof(float)));
