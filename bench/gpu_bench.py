@@ -385,5 +385,6 @@ def summarize_copies(plane, top=12):
     for (name, op), (n, ms) in sorted(copies.items(), key=lambda kv: -kv[1][1])[:top]:
       print(f"    {name:10s} {n:4d}x {ms:8.3f} ms  {op}")
 
+
 if __name__ == "__main__":
   main()

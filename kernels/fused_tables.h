@@ -77,6 +77,9 @@ class FusedTables {
   int num_tables() const { return static_cast<int>(bases_.size()); }
   int64_t base(int t) const { return bases_[t]; }
   const float* data(int t) const { return data_[t]; }
+  // Every table's data and base, in table order.
+  const float* const* all_data() const { return data_.data(); }
+  const int64_t* all_bases() const { return bases_.data(); }
   // The first fused row past the last table.
   int64_t end() const { return bases_.back() + num_rows_.back(); }
 

@@ -13,7 +13,6 @@
 #include <sys/mman.h>
 
 #include <cstdint>
-#include <string>
 
 #include "common.h"
 #include "tensorflow/core/framework/op.h"

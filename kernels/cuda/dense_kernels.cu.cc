@@ -1,7 +1,7 @@
 // The CUDA launchers of embedding_kernels.cu.h that need no sorting:
 // gathers from a group's tables, the combine (of gathered rows, or straight
-// from the tables) and its coefficients, and the
-// sparse optimizers' row updates. (embedding_kernels.cu.cc has the ones
+// from the tables) and its coefficients, and the sparse optimizers' row
+// updates. (embedding_kernels.cu.cc has the ones
 // built on CUB's sorts: checks for repeats, unique, partition, the combine's
 // gradient.)
 #include <cuda_bf16.h>
@@ -90,10 +90,10 @@ __global__ void CombineFromTablesKernel(const TableGroup group, int64_t dim, con
       const float w = coefficient[i];
       for (int k = 0; k < kVector; ++k) acc[k] += w * x.v[k];
     }
-    Floats<kVector> result;
     float* o = out + b * dim + d;
-    if (accumulate) result.Load(o);
-    for (int k = 0; k < kVector; ++k) result.v[k] = (accumulate ? result.v[k] : 0.0f) + acc[k];
+    Floats<kVector> result;
+    if (accumulate) result.Load(o);  // an earlier launch's tables' sums
+    for (int k = 0; k < kVector; ++k) result.v[k] = accumulate ? result.v[k] + acc[k] : acc[k];
     result.Store(o);
   }
 }

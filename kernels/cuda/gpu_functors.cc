@@ -18,7 +18,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <limits>
 #include <vector>
 
 #include "../combine_functor.h"
@@ -112,15 +111,9 @@ typename CudaType<T>::type* CudaData(Tensor* t) {
 // first launch.
 template <typename Launch>
 Status ForEachTableLaunch(const FusedTables& tables, const char* what, Launch launch) {
-  std::vector<const float*> data(tables.num_tables());
-  std::vector<int64_t> base(tables.num_tables());
-  for (int t = 0; t < tables.num_tables(); ++t) {
-    data[t] = tables.data(t);
-    base[t] = tables.base(t);
-  }
   bool first = true;
-  for (const gpu::TableGroup& group : gpu::TableLaunches(tables.num_tables(), data.data(),
-                                                         base.data())) {
+  for (const gpu::TableGroup& group :
+       gpu::TableLaunches(tables.num_tables(), tables.all_data(), tables.all_bases())) {
     TF_RETURN_IF_ERROR(CudaStatus(launch(group, first), what));
     first = false;
   }

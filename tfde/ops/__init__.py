@@ -148,7 +148,8 @@ def advise_huge_pages(variables, collapse=True):
   of those accesses miss the TLB. Only variables on a CPU of at least
   `HUGE_PAGES_MIN_BYTES` are advised; values never change, and a refused
   advice changes nothing. `TFDE_HUGE_PAGES=0` turns it off. Returns
-  (advised bytes, bytes moved to huge pages), int64 scalars.
+  (advised bytes, bytes moved to huge pages): the op's int64 scalars, or
+  0, 0 where it had nothing to advise.
 
   The threshold is per variable. A TensorFlow op that gives a variable a
   new buffer (an assign from a restore) leaves it unadvised: the tables

@@ -21,6 +21,7 @@ from tfde.ops.checks import check_update_inputs
 from tfde.ops.checks import dim
 from tfde.ops.checks import equal
 from tfde.ops.checks import first_index_where
+from tfde.ops.checks import first_offender
 from tfde.ops.checks import first_repeat
 from tfde.ops.checks import index_tensor
 from tfde.ops.checks import num_elements
@@ -212,9 +213,9 @@ class DynamicStoreTwin:
       # negative number, so a repeat is named by its place in `ids`.
       distinct = tf.where(has_row, ids, -2 - tf.range(tf.size(ids, out_type=tf.int64)))
       checks.append(_check_unique_ids(distinct, "addresses"))
-      bad = first_index_where(has_row & ((ids < 0) | (ids >= size)))
+      none, i, value = first_offender(has_row & ((ids < 0) | (ids >= size)), ids)
       checks.append(assert_that(
-          tf.equal(tf.size(bad), 0), "addresses[", bad, "] = ", tf.gather(ids, bad),
+          none, "addresses[", i, "] = ", value,
           " is not a row of the table (addresses come from this step's lookup; "
           "-1 marks an id without a row)"))
     else:

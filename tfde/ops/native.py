@@ -145,8 +145,8 @@ def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
     return embedding_combine(gather_from_tables(tables, rows, bases), inverse, row_splits,
                              weights, combiner)
   return load().tfde_combine_from_tables(
-      [t.handle for t in tables], index_tensor(rows, "rows"), inverse, row_splits, _weights_or_empty(weights),
-      bases=[int(b) for b in bases], combiner=combiner)
+      [t.handle for t in tables], index_tensor(rows, "rows"), inverse, row_splits,
+      _weights_or_empty(weights), bases=[int(b) for b in bases], combiner=combiner)
 
 
 def split_rows_by_table(rows, bases):

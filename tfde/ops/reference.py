@@ -361,10 +361,9 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
 def advise_huge_pages(variables, collapse=True):
   """Stock TensorFlow has no way to advise the memory of a variable: the
   twin advises nothing (0 bytes, 0 bytes), which changes no value, as the
-  kernel's advice changes none."""
+  kernel's advice changes none. Plain zeros: no op joins a graph."""
   del variables, collapse
-  zero = tf.constant(0, tf.int64)
-  return zero, zero
+  return 0, 0
 
 
 def table_of_fused_rows(rows, bases):
@@ -416,7 +415,8 @@ def gather_from_tables(tables, rows, bases):
   with tf.control_dependencies(checks):
     table_index = tf.cast(tf.maximum(table_index, 0), tf.int32)
     parts = tf.dynamic_partition(local, table_index, count)
-    slots = tf.dynamic_partition(tf.range(tf.size(rows)), table_index, count)
+    slots = tf.dynamic_partition(int32_range(tf.size(rows, out_type=tf.int64)), table_index,
+                                 count)
     # Read through the handles, as the kernel does: a tape then does not
     # watch (and copy) whole tables for a lookup that trains in backward.
     gathered = [gen_resource_variable_ops.resource_gather(t.handle, p, tf.float32)

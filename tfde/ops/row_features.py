@@ -14,6 +14,7 @@ from tfde.ops.checks import dim
 from tfde.ops.checks import index_tensor
 from tfde.ops.reference import ROW_UPDATES
 from tfde.ops.types import BagGradients
+from tfde.ops.types import int32_range
 from tfde.ops.reference import check_combiner
 from tfde.ops.reference import check_sparse_update
 from tfde.ops.reference import embedding_combine
@@ -145,7 +146,8 @@ def gather_rows_float32(tables, rows, bases):
     return tf.cast(tf.gather(tables[0], local), tf.float32)
   table_index = tf.cast(tf.maximum(table_index, 0), tf.int32)
   parts = tf.dynamic_partition(local, table_index, len(tables))
-  slots = tf.dynamic_partition(tf.range(tf.size(rows)), table_index, len(tables))
+  slots = tf.dynamic_partition(int32_range(tf.size(rows, out_type=tf.int64)), table_index,
+                               len(tables))
   return tf.dynamic_stitch(slots, [tf.cast(tf.gather(t, p), tf.float32)
                                    for t, p in zip(tables, parts)])
 

@@ -8,7 +8,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfde.ops.checks import assert_that
-from tfde.ops.checks import first_index_where
+from tfde.ops.checks import first_offender
 
 
 def on_gpu(device):
@@ -75,7 +75,7 @@ class BagGradients:
     entries = tf.size(self.bags, out_type=tf.int64)
     segments = self.segments
     batch = tf.shape(self.output_grad)[0]
-    bad = first_index_where((self.bags < 0) | (self.bags >= batch))
+    none, i, value = first_offender((self.bags < 0) | (self.bags >= batch), self.bags)
     return [
         assert_that(tf.size(segments) >= 1, "segments must have at least one element"),
         assert_that(tf.equal(tf.size(self.weights, out_type=tf.int64), entries),
@@ -86,8 +86,7 @@ class BagGradients:
                     "segments must be non-decreasing"),
         assert_that(tf.equal(segments[-1], entries), "segments[-1] = ", segments[-1:],
                     " must equal the number of bag entries, ", entries),
-        assert_that(tf.equal(tf.size(bad), 0), "bags[", bad, "] = ",
-                    tf.gather(self.bags, bad), " is out of range [0, ", batch, ")"),
+        assert_that(none, "bags[", i, "] = ", value, " is out of range [0, ", batch, ")"),
     ]
 
   def dense(self):

@@ -22,8 +22,6 @@ A new kind (an engine, a sharding kind) is a new file with a class
 implementing `base.Table`, and a branch in `make_table`.
 """
 
-import tensorflow as tf
-
 from tfde import optimizers
 from tfde import placement
 from tfde.tables.base import Table  # noqa: F401 (public)
@@ -54,10 +52,7 @@ def make_table(config, communicator=None, auto_replicate_bytes=None, layout=None
   else:
     table = ShardedTable(config, communicator,
                          replicated=placement.replicates(config, auto_replicate_bytes))
-  if tf.executing_eagerly():
-    # Its buffers exist and hold their first values (in a TF1 graph they
-    # do only once the initializers run).
-    table.advise_memory()
+  table.advise_memory()  # its buffers exist and hold their first values
   # Built in a TF1 graph (an estimator's model_fn), the table joins the
   # graph's savers whole (graph_saving).
   return graph_saving.register(table)

@@ -22,8 +22,8 @@ class implementing this contract:
 - explicit gradients (SOK style): `gradient_variable(replica)` and
   `gradient_slices(replica, rows, grads)`;
 - whole-table state: `state()` and `load_state(state)` (a kind implements
-  `_load_state`; `load_state` wraps it), tensors of the whole table (rows, each optimizer slot as `slot_<name>`, the step, and
-  kind-specific fields) independent of the replica count. Checkpoints,
+  `_load_state`; `load_state` wraps it), tensors of the whole table (rows,
+  each optimizer slot as `slot_<name>`, the step, and kind-specific fields) independent of the replica count. Checkpoints,
   Keras saving, warm starts, resharding and serving go through them, so a
   new field is written once, in the table kind;
 - changes since a mark (delta checkpoints and exports): `mark()`, then
@@ -308,11 +308,8 @@ class Table(tf.Module):
     (`source` names where the state came from in those errors)."""
     loaded = self._load_state(state, source)
     # A load gives the variables new buffers (an assign adopts the restored
-    # tensor's), which the advice on the old ones does not cover. Eagerly
-    # only, as at creation: in a TF1 graph a restore's op runs before the
-    # variables it leaves out are initialized (graph_saving).
-    if tf.executing_eagerly():
-      self.advise_memory()
+    # tensor's), which the advice on the old ones does not cover.
+    self.advise_memory()
     return loaded
 
   def _load_state(self, state, source):
@@ -328,9 +325,12 @@ class Table(tf.Module):
   def advise_memory(self):
     """Asks the OS for huge pages under this table's large CPU buffers (its
     rows and slots; `tfde.ops.advise_huge_pages`): `make_table` calls it
-    once they exist, `load_state` after replacing them. Returns the op's
-    (advised, collapsed) bytes."""
-    return ops.advise_huge_pages(self.variables)
+    once they exist, `load_state` after replacing them, `use_optimizer`
+    after making new slots. Eagerly only: a TF1 graph's buffers exist only
+    once its initializers run, and there a restore's op runs before the
+    variables it leaves out are initialized (graph_saving). Returns the
+    op's (advised, collapsed) bytes."""
+    return ops.advise_huge_pages(self.variables if tf.executing_eagerly() else [])
 
   def step_value(self):
     """The number of optimizer steps applied (eager)."""
