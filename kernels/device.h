@@ -47,12 +47,27 @@ struct FindOutOfRange<CPUDevice, T> {
   Status operator()(OpKernelContext* /*ctx*/, const Tensor& values, int64_t lo, int64_t hi,
                     int64_t* first_bad) const {
     const T* v = values.flat<T>().data();
+    const int64_t n = values.NumElements();
     *first_bad = -1;
-    const bool bounded = hi != std::numeric_limits<int64_t>::max();
-    for (int64_t i = 0; i < values.NumElements(); ++i) {
-      if (v[i] < lo || (bounded && v[i] >= hi)) {
-        *first_bad = i;
-        break;
+    // In blocks without an early exit, which the compiler vectorizes (the
+    // checks run on every feature of every step); the bad block, if any,
+    // is searched again for its first offender.
+    const int64_t last =
+        hi == std::numeric_limits<int64_t>::max() ? hi : hi - 1;  // inclusive
+    const auto out_of_range = [lo, last](T x) {
+      return static_cast<int64_t>(x) < lo || static_cast<int64_t>(x) > last;
+    };
+    constexpr int64_t kBlock = 1024;
+    for (int64_t begin = 0; begin < n; begin += kBlock) {
+      const int64_t end = std::min(n, begin + kBlock);
+      bool any = false;
+      for (int64_t i = begin; i < end; ++i) any |= out_of_range(v[i]);
+      if (!any) continue;
+      for (int64_t i = begin; i < end; ++i) {
+        if (out_of_range(v[i])) {
+          *first_bad = i;
+          return absl::OkStatus();
+        }
       }
     }
     return absl::OkStatus();

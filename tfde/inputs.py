@@ -17,6 +17,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfde.ops import checks
+from tfde.ops import reference
 
 
 @dataclasses.dataclass
@@ -160,13 +161,12 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
 
 
 def check_id_range(ids, vocabulary_size, feature_name, table_name):
-  """Fails with the first out-of-range id, its position and its table."""
-  none, i, value = checks.first_offender((ids < 0) | (ids >= vocabulary_size), ids)
-  check = checks.assert_that(
-      none, describe(feature_name, table_name), ": id ", value, " at position ", i,
-      " is out of range [0, ", str(vocabulary_size), ")")
-  with tf.control_dependencies([check]):
-    return tf.identity(ids)
+  """Fails with the first out-of-range id, its position and its table: in
+  stock TensorFlow ops (the op's twin), for serving exports, which must run
+  without tfde. The training pipeline checks with the op
+  (`Table.check_ids`)."""
+  return reference.check_id_range(ids, vocabulary_size,
+                                  describe(feature_name, table_name))
 
 
 def _positions(inputs, row_splits):

@@ -220,7 +220,8 @@ def _flatten(i, ids, weights, vocabulary_size):
   feature = f"sp_ids[{i}]"
   table = f"params[{i}]"
   flat_ids, splits, w = inputs_lib.flatten_feature(feature, table, ids, weights)
-  flat_ids = inputs_lib.check_id_range(flat_ids, vocabulary_size, feature, table)
+  flat_ids = ops.check_id_range(flat_ids, vocabulary_size,
+                                inputs_lib.describe(feature, table))
   return flat_ids, splits, w
 
 

@@ -97,6 +97,23 @@ def unique_with_counts(ids):
   return _impl().unique_with_counts(ids)
 
 
+def check_id_range(ids, vocabulary_size, what):
+  """`ids` (a vector) once every one lies in [0, vocabulary_size); else an
+  InvalidArgumentError naming `what` (the feature and its table), the first
+  bad id and its position.
+
+  >>> ids = tf.constant([3, 0, 4], tf.int64)
+  >>> check_id_range(ids, 5, "feature f (table t)").numpy().tolist()
+  [3, 0, 4]
+  >>> try:
+  ...   check_id_range(tf.constant([3, 7], tf.int64), 5, "feature f (table t)")
+  ... except tf.errors.InvalidArgumentError as e:
+  ...   print("feature f (table t): id 7 at position 1 is out of range [0, 5)" in e.message)
+  True
+  """
+  return _impl().check_id_range(ids, vocabulary_size, what)
+
+
 def partition_by_shard(ids, num_shards, dynamic=False):
   """Ids grouped by `id % num_shards`: (local_ids, shard_counts, positions).
 

@@ -67,6 +67,11 @@ def unique_with_counts(ids):
   return load().tfde_unique_with_counts(index_tensor(ids, "ids"))
 
 
+def check_id_range(ids, vocabulary_size, what):
+  return load().tfde_check_id_range(index_tensor(ids, "ids"),
+                                    vocabulary_size=int(vocabulary_size), what=what)
+
+
 def partition_by_shard(ids, num_shards, dynamic=False):
   return load().tfde_partition_by_shard(
       index_tensor(ids, "ids"), index_tensor(num_shards, "num_shards"), dynamic=dynamic)

@@ -91,6 +91,16 @@ def partition_by_shard(ids, num_shards, dynamic=False):
   return local_ids, shard_counts, positions
 
 
+def check_id_range(ids, vocabulary_size, what):
+  ids = index_tensor(ids, "ids")
+  checks = check_rank(ids, 1, f"{what}: ids")
+  none, i, value = first_offender((ids < 0) | (ids >= vocabulary_size), ids)
+  checks.append(assert_that(none, what, ": id ", value, " at position ", i,
+                            " is out of range [0, ", str(vocabulary_size), ")"))
+  with tf.control_dependencies(checks):
+    return tf.identity(ids)
+
+
 def _ragged_checks(inverse, row_splits, weights, num_rows):
   """The kernels' checks of a ragged batch (CheckRaggedInputs and the
   values' checks): shapes first, then row_splits, then the inverse index."""

@@ -227,7 +227,8 @@ class Table(tf.Module):
   def check_ids(self, ids, feature_name):
     """`ids` (int64) of a feature, checked as this table takes them: an
     error naming the feature and table for one it cannot hold."""
-    return inputs.check_id_range(ids, self.vocabulary_size, feature_name, self.name)
+    return ops.check_id_range(ids, self.vocabulary_size,
+                              inputs.describe(feature_name, self.name))
 
   def lookup_local(self, replica, requested, counts, training):
     """[k, dim] rows of `requested` (local rows, or ids when `routes_ids`),
