@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -232,13 +233,20 @@ void FindRaggedBatchErrors(const Split* splits, int64_t batch, const Index* inve
     return;
   }
   num_rows = IndexBound(num_rows);
-  Index largest = -1;
+  // The bounds first, in a loop the compiler vectorizes; the first
+  // offender is searched for only when there is one.
+  Index smallest = std::numeric_limits<Index>::max(), largest = -1;
   for (int64_t i = 0; i < n; ++i) {
-    if (inverse[i] < 0 || inverse[i] >= num_rows) {
-      bad->inverse = i;
-      return;
-    }
+    smallest = std::min(smallest, inverse[i]);
     largest = std::max(largest, inverse[i]);
+  }
+  if (n > 0 && (smallest < 0 || largest >= num_rows)) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (inverse[i] < 0 || inverse[i] >= num_rows) {
+        bad->inverse = i;
+        return;
+      }
+    }
   }
   *rows_read = static_cast<int64_t>(largest) + 1;
 }
