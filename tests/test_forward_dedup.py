@@ -61,3 +61,27 @@ def test_training_step_dedups_and_updates_each_row_once():
   lr = lookup.tables["t"].config.optimizer.learning_rate
   np.testing.assert_allclose(delta, -lr * expected[:, None] * np.ones((1, 4)),
                              rtol=1e-5, atol=1e-7)
+
+
+def test_each_feature_is_checked_by_one_op_and_bad_ids_name_it():
+  """The pipeline checks each feature's ids with TfdeCheckIdRange (one
+  scan), not the twin's mask, minimum and Assert; an id out of range still
+  fails the step naming the feature and its table."""
+  if not tfde.ops.kernels_available():
+    return  # the twins' path is what the rest of the suite runs then
+  lookup = _lookup()
+  forward = tf.function(lambda inputs: lookup(inputs))
+  graph = forward.get_concrete_function(
+      {k: tf.type_spec_from_value(v) for k, v in INPUTS.items()}).graph
+  checks = [op for op in graph.get_operations() if op.type == "TfdeCheckIdRange"]
+  assert sorted(op.get_attr("what").decode() for op in checks) == [
+      "feature a (table t)", "feature b (table t)"]
+  # The twin's check is a minimum over masked positions, one per feature.
+  assert "Min" not in {op.type for op in graph.get_operations()}
+  bad = dict(INPUTS, b=tf.ragged.constant([[5], [], [7, 50, 1]]))
+  try:
+    forward(bad)
+  except tf.errors.InvalidArgumentError as e:
+    assert "feature b (table t): id 50 at position 2 is out of range [0, 50)" in e.message
+  else:
+    raise AssertionError("an id past the vocabulary was looked up")

@@ -118,6 +118,58 @@ def test_partition_rejects_non_positive_shard_count(op_backend, n_shards):
     tfde.ops.partition_by_shard(tf.constant([1, 2], tf.int64), n_shards)
 
 
+# ------------------------------------------------------------ id checks
+
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_check_id_range_names_the_first_offender(op_backend, seed, dtype):
+  """The first id outside [0, size) (numpy's argmax of the mask), with
+  its position and the feature and table the caller names; in-range ids
+  come back unchanged, in their dtype."""
+  rng = np.random.default_rng(seed)
+  size = int(rng.integers(1, 50))
+  ids = rng.integers(0, size, int(rng.integers(1, 300)))
+  out = tfde.ops.check_id_range(tf.constant(ids, dtype), size, "feature f (table t)")
+  assert out.dtype == dtype
+  np.testing.assert_array_equal(out.numpy(), ids)
+  bad = ids.copy()
+  where = rng.choice(len(bad), size=min(3, len(bad)), replace=False)
+  bad[where] = rng.choice([-1, size, size + 7, -(2**20)], size=len(where))
+  first = int(np.argmax((bad < 0) | (bad >= size)))
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=rf"feature f \(table t\): id {bad[first]} at position "
+                           rf"{first} is out of range \[0, {size}\)"):
+    tfde.ops.check_id_range(tf.constant(bad, dtype), size, "feature f (table t)")
+
+
+def test_check_id_range_edges(op_backend):
+  empty = tfde.ops.check_id_range(tf.zeros([0], tf.int64), 0, "feature f (table t)")
+  assert empty.shape == [0]
+  big = 2**40
+  np.testing.assert_array_equal(
+      tfde.ops.check_id_range(tf.constant([big - 1, 0], tf.int64), big, "f").numpy(),
+      [big - 1, 0])
+  # An int64 id past int32 is never wrapped into range.
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 4294967297 at position 1"):
+    tfde.ops.check_id_range(tf.constant([1, 2**32 + 1], tf.int64), 5, "f")
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 0 at position 0"):
+    tfde.ops.check_id_range(tf.constant([0], tf.int64), 0, "f")
+
+
+def test_check_id_range_in_a_graph_guards_what_reads_the_ids(op_backend):
+  """In a tf.function the check fails the step that reads the ids, on
+  either backend (the op's output, or the twin's control dependency)."""
+  @tf.function
+  def total(ids):
+    return tf.reduce_sum(tfde.ops.check_id_range(ids, 10, "feature f (table t)"))
+
+  assert int(total(tf.constant([1, 2, 3], tf.int64))) == 6
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"feature f \(table t\): id 10 at position 2"):
+    total(tf.constant([1, 2, 10], tf.int64))
+
+
 # --------------------------------------------------------------- combine
 
 
