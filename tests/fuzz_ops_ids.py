@@ -1,4 +1,5 @@
-"""Fuzz cases of the id ops: unique_with_counts and partition_by_shard."""
+"""Fuzz cases of the id ops: unique_with_counts, partition_by_shard and
+check_id_range."""
 
 import numpy as np
 
@@ -111,3 +112,51 @@ class Partition(Op):
     out = tfde.ops.partition_by_shard(_t(tf, inp["ids"]), inp["num_shards"],
                                       dynamic=inp["dynamic"])
     return [x.numpy() for x in out]
+
+
+# ---- check_id_range
+
+
+class CheckIdRange(Op):
+  name = "check_id_range"
+
+  def valid(self, rng):
+    size = int(rng.integers(1, 40))
+    n = int(rng.integers(0, 30))
+    ids = rng.integers(0, size, size=n).astype(rng.choice([np.int32, np.int64]))
+    return dict(ids=ids, vocabulary_size=size)
+
+  def _id(make, note):
+    def mutate(rng, inp):
+      ids = inp["ids"].astype(np.int64)
+      if ids.size == 0:
+        return False
+      i = _pick(rng, ids)
+      ids[i] = make(rng, inp)
+      return _set(inp, "ids", ids, f"[{i}] = {ids[i]} {note}")
+    return mutate
+
+  MUTATIONS = {
+      "negative_id": ("negative", _id(lambda rng, inp: -int(rng.integers(1, 100)), "")),
+      "id_at_size": ("value", _id(lambda rng, inp: inp["vocabulary_size"], "(the size)")),
+      "id_past_int32": ("extreme", _id(lambda rng, inp: WRAP + 1, "")),
+      "id_int64_max": ("extreme", _id(lambda rng, inp: I64_MAX, "")),
+      "id_int64_min": ("extreme", _id(lambda rng, inp: I64_MIN, "")),
+      "vocabulary_0": ("value", lambda rng, inp: _set(inp, "vocabulary_size", 0, "= 0")),
+      "ids_rank2": ("rank", lambda rng, inp: inp["ids"].size > 0 and _set(
+          inp, "ids", inp["ids"].reshape(1, -1), "with shape [1, n]")),
+      "ids_float": ("dtype", lambda rng, inp: _set(inp, "ids", inp["ids"] + 0.5,
+                                                   "float64 + 0.5")),
+      "ids_empty": ("empty", lambda rng, inp: _set(inp, "ids", inp["ids"][:0], "empty")),
+  }
+
+  def oracle(self, inp):
+    ids = inp["ids"]
+    _int_vector(ids, "ids")
+    size = inp["vocabulary_size"]
+    _refuse_if(bool(((ids < 0) | (ids >= size)).any()), "an id out of range")
+    return dict(result=[ids])
+
+  def call(self, inp, ctx, tf, tfde):
+    return [tfde.ops.check_id_range(_t(tf, inp["ids"]), inp["vocabulary_size"],
+                                    "feature f (table t)").numpy()]

@@ -170,6 +170,44 @@ def test_check_id_range_in_a_graph_guards_what_reads_the_ids(op_backend):
     total(tf.constant([1, 2, 10], tf.int64))
 
 
+# -------------------------------------------------------- update stamps
+
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_stamp_rows_matches_numpy(op_backend, seed, dtype):
+  rng = np.random.default_rng(seed)
+  size = int(rng.integers(1, 5000))
+  before = rng.integers(0, 100, size)
+  rows = rng.integers(0, size, int(rng.integers(0, 3000)))  # repeats too
+  stamps = tf.Variable(before)
+  tfde.ops.stamp_rows(stamps, tf.constant(rows, dtype), 123)
+  expected = before.copy()
+  expected[rows] = 123
+  np.testing.assert_array_equal(stamps.numpy(), expected)
+
+
+def test_stamp_rows_leaves_earlier_reads_and_refuses_whole(op_backend):
+  """A value read before the stamps keeps its values; a row out of range
+  is refused by name, and no row is stamped."""
+  stamps = tf.Variable(tf.zeros([6], tf.int64))
+  earlier = stamps.read_value()
+  tfde.ops.stamp_rows(stamps, tf.constant([4, 0], tf.int64), 5)
+  np.testing.assert_array_equal(earlier.numpy(), np.zeros(6))
+  np.testing.assert_array_equal(stamps.numpy(), [5, 0, 0, 0, 5, 0])
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"rows\[2\] = 6 is out of range \[0, 6\)"):
+    tfde.ops.stamp_rows(stamps, tf.constant([1, 2, 6, -1], tf.int64), 9)
+  np.testing.assert_array_equal(stamps.numpy(), [5, 0, 0, 0, 5, 0])
+
+  @tf.function
+  def stamp(rows):
+    tfde.ops.stamp_rows(stamps, rows, 11)
+
+  stamp(tf.constant([3], tf.int64))
+  np.testing.assert_array_equal(stamps.numpy(), [5, 0, 0, 11, 5, 0])
+
+
 # --------------------------------------------------------------- combine
 
 

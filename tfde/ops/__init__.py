@@ -114,6 +114,24 @@ def check_id_range(ids, vocabulary_size, what):
   return _impl().check_id_range(ids, vocabulary_size, what)
 
 
+def stamp_rows(stamps, rows, step):
+  """stamps[rows] = step: `stamps` an int64 vector variable (a table's
+  record of each row's last update), every row in range, else an
+  InvalidArgumentError naming the first that is not, and nothing written.
+  On a CPU a kernel writes them in parallel; elsewhere, and on the twins,
+  TensorFlow's scatter does.
+
+  >>> stamps = tf.Variable(tf.zeros([5], tf.int64))
+  >>> _ = stamp_rows(stamps, tf.constant([3, 1]), 7)
+  >>> stamps.numpy().tolist()
+  [0, 7, 0, 7, 0]
+  """
+  impl = _impl()
+  if types.on_gpu(stamps.device):
+    impl = reference  # the kernel is the CPU's
+  return impl.stamp_rows(stamps, rows, step)
+
+
 def partition_by_shard(ids, num_shards, dynamic=False):
   """Ids grouped by `id % num_shards`: (local_ids, shard_counts, positions).
 

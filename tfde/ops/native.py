@@ -72,6 +72,11 @@ def check_id_range(ids, vocabulary_size, what):
                                     vocabulary_size=int(vocabulary_size), what=what)
 
 
+def stamp_rows(stamps, rows, step):
+  return load().tfde_stamp_rows(stamps.handle, index_tensor(rows, "rows"),
+                                tf.cast(step, tf.int64))
+
+
 def partition_by_shard(ids, num_shards, dynamic=False):
   return load().tfde_partition_by_shard(
       index_tensor(ids, "ids"), index_tensor(num_shards, "num_shards"), dynamic=dynamic)

@@ -101,6 +101,18 @@ def check_id_range(ids, vocabulary_size, what):
     return tf.identity(ids)
 
 
+def stamp_rows(stamps, rows, step):
+  rows = index_tensor(rows, "rows")
+  size = tf.shape(stamps, out_type=tf.int64)[0]
+  checks = check_rank(rows, 1, "rows")
+  none, i, value = first_offender((rows < 0) | (tf.cast(rows, tf.int64) >= size), rows)
+  checks.append(assert_that(none, "rows[", i, "] = ", value, " is out of range [0, ", size,
+                            ")"))
+  with tf.control_dependencies(checks):
+    return stamps.scatter_update(tf.IndexedSlices(
+        tf.fill(tf.shape(rows), tf.cast(step, tf.int64)), rows))
+
+
 def _ragged_checks(inverse, row_splits, weights, num_rows):
   """The kernels' checks of a ragged batch (CheckRaggedInputs and the
   values' checks): shapes first, then row_splits, then the inverse index."""

@@ -121,8 +121,7 @@ class ShardedTable(base.Table):
         update = optimizer.apply(self.shards[replica], self.slots[replica],
                                  rows, grads, step, grad_rows=grad_rows,
                                  rounding=self._rounding(replica, rows))
-        touched = self.updated_at[replica].scatter_update(tf.IndexedSlices(
-            tf.fill(tf.shape(rows), step), rows))
+        touched = ops.stamp_rows(self.updated_at[replica], rows, step)
       with tf.control_dependencies([update, touched]):
         return tf.identity(step)
 
