@@ -10,6 +10,7 @@
 #define EIGEN_USE_GPU
 #endif
 
+#include <limits>
 #include <string>
 
 #include "common.h"
@@ -47,8 +48,10 @@ class CheckIdRangeOp : public OpKernel {
   explicit CheckIdRangeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("vocabulary_size", &vocabulary_size_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("what", &what_));
-    OP_REQUIRES(ctx, vocabulary_size_ >= 0,
-                InvalidArgument(what_, ": vocabulary_size must be non-negative, got ",
+    // INT64_MAX is FindOutOfRange's "unbounded": no table has that many rows.
+    OP_REQUIRES(ctx, vocabulary_size_ >= 0 &&
+                         vocabulary_size_ < std::numeric_limits<int64_t>::max(),
+                InvalidArgument(what_, ": vocabulary_size must be in [0, 2^63 - 1), got ",
                                 vocabulary_size_));
   }
 

@@ -1,9 +1,11 @@
 // TfdeStampRows: stamps[rows[i]] = step, for a table's record of when each
 // row was last updated (8 bytes a row, written for every row an update
 // touches). TensorFlow's ResourceScatterUpdate does this in one thread with
-// a memmove per row, about 1 ms for 51k rows on a 1M-row table here; this
-// op writes them on the thread pool, each row's stamp prefetched ahead.
-// CPU only: on a GPU the table keeps the scatter (the op's twin).
+// a memmove per row; this op writes them on the thread pool, each row's
+// stamp prefetched ahead. Alone the two take about as long; inside a
+// training step, with the optimizers' row loops running beside it, the op
+// took 3 to 4 ms off a 25 to 29 ms SGD step here (README). CPU only: on a
+// GPU the table keeps the scatter.
 
 #define EIGEN_USE_THREADS
 

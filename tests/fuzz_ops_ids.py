@@ -128,11 +128,14 @@ class CheckIdRange(Op):
 
   def _id(make, note):
     def mutate(rng, inp):
-      ids = inp["ids"].astype(np.int64)
+      value = make(rng, inp)
+      # int32 ids stay int32 where the value fits: the kernels' int32 path.
+      fits = inp["ids"].dtype == np.int32 and -2**31 <= value < 2**31
+      ids = inp["ids"].astype(np.int32 if fits else np.int64)
       if ids.size == 0:
         return False
       i = _pick(rng, ids)
-      ids[i] = make(rng, inp)
+      ids[i] = value
       return _set(inp, "ids", ids, f"[{i}] = {ids[i]} {note}")
     return mutate
 

@@ -67,7 +67,9 @@ __global__ void OutOfRangeKernel(const T* values, int64_t n, int64_t lo, int64_t
                                  unsigned long long* first_bad) {
   TFDE_GRID_STRIDE(i, n) {
     const int64_t v = static_cast<int64_t>(values[i]);
-    if (v < lo || v >= hi) atomicMin(first_bad, static_cast<unsigned long long>(i));
+    // hi = INT64_MAX bounds nothing, as on the CPU (device.h).
+    const bool above = hi != INT64_MAX && v >= hi;
+    if (v < lo || above) atomicMin(first_bad, static_cast<unsigned long long>(i));
   }
 }
 

@@ -119,17 +119,23 @@ def stamp_rows(stamps, rows, step):
   record of each row's last update), every row in range, else an
   InvalidArgumentError naming the first that is not, and nothing written.
   On a CPU a kernel writes them in parallel; elsewhere, and on the twins,
-  TensorFlow's scatter does.
+  TensorFlow's scatter does (the twin checks the rows first, as the kernel
+  does).
 
   >>> stamps = tf.Variable(tf.zeros([5], tf.int64))
   >>> _ = stamp_rows(stamps, tf.constant([3, 1]), 7)
   >>> stamps.numpy().tolist()
   [0, 7, 0, 7, 0]
   """
-  impl = _impl()
-  if types.on_gpu(stamps.device):
-    impl = reference  # the kernel is the CPU's
-  return impl.stamp_rows(stamps, rows, step)
+  if current_backend() == KERNELS and types.on_cpu(stamps.device):
+    return native.stamp_rows(stamps, rows, step)
+  if current_backend() == KERNELS:
+    # A GPU's variable (or one whose device a TF1 graph leaves to the
+    # placer): TensorFlow's scatter, without the twin's host-side check,
+    # which a kernel-backed step would not otherwise pay for.
+    return stamps.scatter_update(tf.IndexedSlices(
+        tf.fill(tf.shape(rows), tf.cast(step, tf.int64)), rows))
+  return reference.stamp_rows(stamps, rows, step)
 
 
 def partition_by_shard(ids, num_shards, dynamic=False):

@@ -94,7 +94,8 @@ def partition_by_shard(ids, num_shards, dynamic=False):
 def check_id_range(ids, vocabulary_size, what):
   ids = index_tensor(ids, "ids")
   checks = check_rank(ids, 1, f"{what}: ids")
-  none, i, value = first_offender((ids < 0) | (ids >= vocabulary_size), ids)
+  wide = tf.cast(ids, tf.int64)  # a vocabulary past int32 compares exactly
+  none, i, value = first_offender((wide < 0) | (wide >= vocabulary_size), ids)
   checks.append(assert_that(none, what, ": id ", value, " at position ", i,
                             " is out of range [0, ", str(vocabulary_size), ")"))
   with tf.control_dependencies(checks):
@@ -103,7 +104,8 @@ def check_id_range(ids, vocabulary_size, what):
 
 def stamp_rows(stamps, rows, step):
   rows = index_tensor(rows, "rows")
-  size = tf.shape(stamps, out_type=tf.int64)[0]
+  size = (tf.constant(stamps.shape[0], tf.int64) if stamps.shape[0] is not None
+          else tf.shape(stamps, out_type=tf.int64)[0])
   checks = check_rank(rows, 1, "rows")
   none, i, value = first_offender((rows < 0) | (tf.cast(rows, tf.int64) >= size), rows)
   checks.append(assert_that(none, "rows[", i, "] = ", value, " is out of range [0, ", size,

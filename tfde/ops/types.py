@@ -11,6 +11,18 @@ from tfde.ops.checks import assert_that
 from tfde.ops.checks import first_offender
 
 
+def on_cpu(device):
+  """Whether `device` is a CPU's: by name, or, where no device is named
+  (a TF1 graph's variable left to the placer), where no GPU is visible.
+
+  >>> on_cpu("/job:localhost/replica:0/task:0/device:CPU:0")
+  True
+  """
+  if device:
+    return "CPU" in device.upper()
+  return not tf.config.list_physical_devices("GPU")
+
+
 def on_gpu(device):
   """Whether the device name `device` (None or "": not known) is a GPU's.
 
