@@ -16,9 +16,8 @@
 #include "input_checks.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/resource_mgr.h"
-#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "variables.h"
 
 namespace tfde {
 
@@ -49,35 +48,18 @@ class StampRowsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckIdVector(rows_t, "rows"));
     int64_t step;
     OP_REQUIRES_OK(ctx, ReadInt64Scalar(ctx, 2, "step", &step));
-    tensorflow::Var* var = nullptr;
-    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &var));
-    tensorflow::core::ScopedUnref unref(var);
-    tensorflow::mutex_lock lock(*var->mu());
-    const std::string& name = HandleFromInput(ctx, 0).name();
-    OP_REQUIRES(ctx, var->is_initialized,
-                tensorflow::errors::FailedPrecondition("variable ", name,
-                                                       " is not initialized"));
-    OP_REQUIRES(ctx, var->tensor()->dtype() == tensorflow::DT_INT64 && var->tensor()->dims() == 1,
-                InvalidArgument("variable ", name, " must be an int64 vector, got ",
-                                tensorflow::DataTypeString(var->tensor()->dtype()), " ",
-                                var->tensor()->shape().DebugString()));
-    const int64_t size = var->tensor()->NumElements();
-    int64_t bad;
-    OP_REQUIRES_OK(ctx, functor::FindOutOfRange<CPUDevice, Index>()(ctx, rows_t, 0, size, &bad));
-    OP_REQUIRES(ctx, bad < 0,
-                InvalidArgument("rows[", bad, "] = ", rows_t.flat<Index>()(bad),
-                                " is out of range [0, ", size, ")"));
-    // As TensorFlow's scatter: a buffer a reader still holds is copied
-    // first, and later reads copy, so no tensor already read changes.
-    var->copy_on_read_mode.store(true);
-    if (!var->tensor()->RefCountIsOne()) {
-      Tensor fresh;
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT64, var->tensor()->shape(),
-                                             &fresh));
-      functor::CopyBuffer<CPUDevice>()(ctx, *var->tensor(), &fresh);
-      *var->tensor() = fresh;
-    }
-    int64_t* stamps = var->tensor()->flat<int64_t>().data();
+    LockedVariables stamps_var;
+    OP_REQUIRES_OK(ctx, stamps_var.Acquire(ctx, 0, 1, LockMode::kExclusive,
+                                           tensorflow::DT_INT64, /*dims=*/1));
+    OP_REQUIRES_OK(ctx, CheckIndexRange<CPUDevice>(ctx, rows_t, "rows", stamps_var.num_rows()));
+    // As TensorFlow's scatter and the optimizers: a buffer a reader still
+    // holds is copied first, and later reads copy, so no tensor already
+    // read changes.
+    OP_REQUIRES_OK(ctx, stamps_var.MakeWritable(ctx, /*copy_on_read=*/true,
+                                                [ctx](const Tensor& from, Tensor* to) {
+                                                  functor::CopyBuffer<CPUDevice>()(ctx, from, to);
+                                                }));
+    int64_t* stamps = stamps_var.Values<int64_t>(0);
     const Index* rows = rows_t.flat<Index>().data();
     ParallelFor(ctx, rows_t.NumElements(), 16, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {

@@ -52,8 +52,11 @@ class LockedVariables {
     }
   }
 
-  // Looks up inputs [first, first + count) and locks them.
-  Status Acquire(OpKernelContext* ctx, int first, int count, LockMode mode) {
+  // Looks up inputs [first, first + count) and locks them; each must be
+  // initialized and of `dtype` and rank `dims` (the tables' float32
+  // matrices unless an op says otherwise).
+  Status Acquire(OpKernelContext* ctx, int first, int count, LockMode mode,
+                 tensorflow::DataType dtype = tensorflow::DT_FLOAT, int dims = 2) {
     mode_ = mode;
     for (int i = first; i < first + count; ++i) {
       Var* var = nullptr;
@@ -78,9 +81,9 @@ class LockedVariables {
       if (!var->is_initialized) {
         return FailedPrecondition("variable ", name, " is not initialised");
       }
-      if (var->tensor()->dtype() != tensorflow::DT_FLOAT ||
-          var->tensor()->dims() != 2) {
-        return InvalidArgument("variable ", name, " must be a float32 matrix, got ",
+      if (var->tensor()->dtype() != dtype || var->tensor()->dims() != dims) {
+        return InvalidArgument("variable ", name, " must be a ", DTypeName(dtype),
+                               dims == 2 ? " matrix" : " vector", ", got ",
                                DTypeName(var->tensor()->dtype()),
                                " ", var->tensor()->shape().DebugString());
       }
@@ -134,7 +137,9 @@ class LockedVariables {
 
   int size() const { return static_cast<int>(vars_.size()); }
   const Tensor& tensor(int i) const { return *vars_[i]->tensor(); }
-  float* Rows(int i) { return vars_[i]->tensor()->flat<float>().data(); }
+  float* Rows(int i) { return Values<float>(i); }
+  template <typename T>
+  T* Values(int i) { return vars_[i]->tensor()->flat<T>().data(); }
   int64_t num_rows(int i = 0) const { return vars_[i]->tensor()->dim_size(0); }
   int64_t dim(int i = 0) const { return vars_[i]->tensor()->dim_size(1); }
 

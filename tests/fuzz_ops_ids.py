@@ -8,6 +8,32 @@ from tests.fuzz_oracle import (I32_MAX, I64_MAX, I64_MIN, WRAP, Op, _check_bytes
                                _int_scalar, _int_vector, _pick, _refuse_if, _set, _t)
 
 
+def _id_mutation(make, note, keep_int32=False):
+  """A mutation setting one id to make(rng, inp); the ids widen to int64,
+  or with `keep_int32` stay int32 where the value fits (the kernels'
+  int32 path)."""
+  def mutate(rng, inp):
+    if inp["ids"].size == 0:
+      return False
+    i = _pick(rng, inp["ids"])
+    value = make(rng, inp)
+    fits = keep_int32 and inp["ids"].dtype == np.int32 and -2**31 <= value < 2**31
+    ids = inp["ids"].astype(np.int32 if fits else np.int64)
+    ids[i] = value
+    return _set(inp, "ids", ids, f"[{i}] = {ids[i]} {note}")
+  return mutate
+
+
+def _ids_shape_and_dtype_mutations():
+  return {
+      "ids_rank2": ("rank", lambda rng, inp: inp["ids"].size > 0 and _set(
+          inp, "ids", inp["ids"].reshape(1, -1), "with shape [1, n]")),
+      "ids_float": ("dtype", lambda rng, inp: _set(inp, "ids", inp["ids"] + 0.5,
+                                                   "float64 + 0.5")),
+      "ids_empty": ("empty", lambda rng, inp: _set(inp, "ids", inp["ids"][:0], "empty")),
+  }
+
+
 # ---- unique_with_counts
 
 
@@ -60,16 +86,6 @@ class Partition(Op):
   def _shards(value):
     return lambda rng, inp: _set(inp, "num_shards", value, f"= {value}")
 
-  def _id(make, note):
-    def mutate(rng, inp):
-      ids = inp["ids"].astype(np.int64)
-      if ids.size == 0:
-        return False
-      i = _pick(rng, ids)
-      ids[i] = make(rng)
-      return _set(inp, "ids", ids, f"[{i}] = {ids[i]} {note}")
-    return mutate
-
   MUTATIONS = {
       "num_shards_0": ("value", _shards(0)),
       "num_shards_negative": ("negative", _shards(-3)),
@@ -81,14 +97,11 @@ class Partition(Op):
       "num_shards_vector": ("rank", lambda rng, inp: _set(inp, "num_shards",
                                                           np.array([2], np.int32), "[2]")),
       "num_shards_float": ("dtype", _shards(2.5)),
-      "negative_id": ("negative", _id(lambda rng: -int(rng.integers(1, 100)), "")),
-      "id_int64_max": ("extreme", _id(lambda rng: I64_MAX, "")),
-      "id_int64_min": ("extreme", _id(lambda rng: I64_MIN, "")),
-      "ids_rank2": ("rank", lambda rng, inp: inp["ids"].size > 0 and _set(
-          inp, "ids", inp["ids"].reshape(1, -1), "with shape [1, n]")),
-      "ids_float": ("dtype", lambda rng, inp: _set(inp, "ids", inp["ids"] + 0.5,
-                                                   "float64 + 0.5")),
-      "ids_empty": ("empty", lambda rng, inp: _set(inp, "ids", inp["ids"][:0], "empty")),
+      "negative_id": ("negative", _id_mutation(
+          lambda rng, inp: -int(rng.integers(1, 100)), "")),
+      "id_int64_max": ("extreme", _id_mutation(lambda rng, inp: I64_MAX, "")),
+      "id_int64_min": ("extreme", _id_mutation(lambda rng, inp: I64_MIN, "")),
+      **_ids_shape_and_dtype_mutations(),
   }
 
   def oracle(self, inp):
@@ -127,17 +140,7 @@ class CheckIdRange(Op):
     return dict(ids=ids, vocabulary_size=size)
 
   def _id(make, note):
-    def mutate(rng, inp):
-      value = make(rng, inp)
-      # int32 ids stay int32 where the value fits: the kernels' int32 path.
-      fits = inp["ids"].dtype == np.int32 and -2**31 <= value < 2**31
-      ids = inp["ids"].astype(np.int32 if fits else np.int64)
-      if ids.size == 0:
-        return False
-      i = _pick(rng, ids)
-      ids[i] = value
-      return _set(inp, "ids", ids, f"[{i}] = {ids[i]} {note}")
-    return mutate
+    return _id_mutation(make, note, keep_int32=True)
 
   MUTATIONS = {
       "negative_id": ("negative", _id(lambda rng, inp: -int(rng.integers(1, 100)), "")),
@@ -146,11 +149,7 @@ class CheckIdRange(Op):
       "id_int64_max": ("extreme", _id(lambda rng, inp: I64_MAX, "")),
       "id_int64_min": ("extreme", _id(lambda rng, inp: I64_MIN, "")),
       "vocabulary_0": ("value", lambda rng, inp: _set(inp, "vocabulary_size", 0, "= 0")),
-      "ids_rank2": ("rank", lambda rng, inp: inp["ids"].size > 0 and _set(
-          inp, "ids", inp["ids"].reshape(1, -1), "with shape [1, n]")),
-      "ids_float": ("dtype", lambda rng, inp: _set(inp, "ids", inp["ids"] + 0.5,
-                                                   "float64 + 0.5")),
-      "ids_empty": ("empty", lambda rng, inp: _set(inp, "ids", inp["ids"][:0], "empty")),
+      **_ids_shape_and_dtype_mutations(),
   }
 
   def oracle(self, inp):

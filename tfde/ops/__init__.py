@@ -127,15 +127,7 @@ def stamp_rows(stamps, rows, step):
   >>> stamps.numpy().tolist()
   [0, 7, 0, 7, 0]
   """
-  if current_backend() == KERNELS and types.on_cpu(stamps.device):
-    return native.stamp_rows(stamps, rows, step)
-  if current_backend() == KERNELS:
-    # A GPU's variable (or one whose device a TF1 graph leaves to the
-    # placer): TensorFlow's scatter, without the twin's host-side check,
-    # which a kernel-backed step would not otherwise pay for.
-    return stamps.scatter_update(tf.IndexedSlices(
-        tf.fill(tf.shape(rows), tf.cast(step, tf.int64)), rows))
-  return reference.stamp_rows(stamps, rows, step)
+  return _impl().stamp_rows(stamps, rows, step)
 
 
 def partition_by_shard(ids, num_shards, dynamic=False):

@@ -13,6 +13,7 @@ import weakref
 import tensorflow as tf
 from tensorflow.python.eager import context
 
+from tfde.ops import reference
 from tfde.ops import types
 from tfde.ops.checks import grad_rows_in_range, index_tensor
 
@@ -73,6 +74,11 @@ def check_id_range(ids, vocabulary_size, what):
 
 
 def stamp_rows(stamps, rows, step):
+  if not types.on_cpu(stamps.device):
+    # The kernel is the CPU's. A GPU's variable (or one whose device a TF1
+    # graph leaves to the placer) keeps TensorFlow's scatter, without the
+    # twin's host-side check, which the rest of the step does not pay for.
+    return reference.scatter_stamps(stamps, rows, step)
   return load().tfde_stamp_rows(stamps.handle, index_tensor(rows, "rows"),
                                 tf.cast(step, tf.int64))
 

@@ -104,15 +104,20 @@ def check_id_range(ids, vocabulary_size, what):
 
 def stamp_rows(stamps, rows, step):
   rows = index_tensor(rows, "rows")
-  size = (tf.constant(stamps.shape[0], tf.int64) if stamps.shape[0] is not None
-          else tf.shape(stamps, out_type=tf.int64)[0])
+  size = dim(stamps, 0)
   checks = check_rank(rows, 1, "rows")
   none, i, value = first_offender((rows < 0) | (tf.cast(rows, tf.int64) >= size), rows)
   checks.append(assert_that(none, "rows[", i, "] = ", value, " is out of range [0, ", size,
                             ")"))
   with tf.control_dependencies(checks):
-    return stamps.scatter_update(tf.IndexedSlices(
-        tf.fill(tf.shape(rows), tf.cast(step, tf.int64)), rows))
+    return scatter_stamps(stamps, rows, step)
+
+
+def scatter_stamps(stamps, rows, step):
+  """stamps[rows] = step by TensorFlow's scatter, which checks the rows
+  itself (in its own words)."""
+  return stamps.scatter_update(tf.IndexedSlices(
+      tf.fill(tf.shape(rows), tf.cast(step, tf.int64)), rows))
 
 
 def _ragged_checks(inverse, row_splits, weights, num_rows):
