@@ -1,5 +1,5 @@
-"""Fuzz cases of the id ops: unique_with_counts, partition_by_shard and
-check_id_range."""
+"""Fuzz cases of the id ops: unique_with_counts, partition_by_shard,
+check_id_range and sorted_unique_in_range."""
 
 import numpy as np
 
@@ -162,3 +162,43 @@ class CheckIdRange(Op):
   def call(self, inp, ctx, tf, tfde):
     return [tfde.ops.check_id_range(_t(tf, inp["ids"]), inp["vocabulary_size"],
                                     "feature f (table t)").numpy()]
+
+
+# ---- sorted_unique_in_range
+
+
+class SortedUniqueInRange(Op):
+  name = "sorted_unique_in_range"
+
+  def valid(self, rng):
+    # Ranges of one bitmap word up to ones the kernel sorts instead.
+    num_ids = int(rng.choice([1, 40, 5000, 2**20]))
+    n = int(rng.integers(0, 30))
+    ids = rng.integers(0, min(num_ids, 40), size=n).astype(rng.choice([np.int32, np.int64]))
+    return dict(ids=ids, num_ids=num_ids)
+
+  def _id(make, note):
+    return _id_mutation(make, note, keep_int32=True)
+
+  MUTATIONS = {
+      "negative_id": ("negative", _id(lambda rng, inp: -int(rng.integers(1, 100)), "")),
+      "id_at_range": ("value", _id(lambda rng, inp: inp["num_ids"], "(the range's end)")),
+      "id_last_of_range": ("value", _id(lambda rng, inp: inp["num_ids"] - 1,
+                                        "(the range's last)")),
+      "id_past_int32": ("extreme", _id(lambda rng, inp: WRAP + 1, "")),
+      "id_int64_max": ("extreme", _id(lambda rng, inp: I64_MAX, "")),
+      "id_int64_min": ("extreme", _id(lambda rng, inp: I64_MIN, "")),
+      "range_0": ("value", lambda rng, inp: _set(inp, "num_ids", 0, "= 0")),
+      **_ids_shape_and_dtype_mutations(),
+  }
+
+  def oracle(self, inp):
+    ids = inp["ids"]
+    _int_vector(ids, "ids")
+    _refuse_if(bool(((ids < 0) | (ids >= inp["num_ids"])).any()), "an id out of range")
+    unique, inverse = np.unique(ids, return_inverse=True)
+    return dict(result=[unique, inverse.ravel().astype(np.int32)])
+
+  def call(self, inp, ctx, tf, tfde):
+    return [x.numpy() for x in tfde.ops.sorted_unique_in_range(_t(tf, inp["ids"]),
+                                                               inp["num_ids"])]

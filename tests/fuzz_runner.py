@@ -18,15 +18,15 @@ import numpy as np
 
 from tests.fuzz_ops_combine import BagGradients, Combine, CombineGrad
 from tests.fuzz_ops_dynamic import DynamicStore
-from tests.fuzz_ops_ids import CheckIdRange, Partition, Unique
+from tests.fuzz_ops_ids import CheckIdRange, Partition, SortedUniqueInRange, Unique
 from tests.fuzz_ops_sparse_apply import SparseApply
 from tests.fuzz_ops_tables import CombineFromTables, GatherFromTables, SplitRows
 from tests.fuzz_oracle import (BACKENDS, MEMORY_CAP, Refuse, _may_refuse, _state_equal,
                                describe, mismatch)
 
 
-OPS = [Unique(), Partition(), CheckIdRange(), Combine(), CombineGrad(), BagGradients(),
-       SplitRows(), GatherFromTables(), CombineFromTables(), SparseApply(bags=False),
+OPS = [Unique(), Partition(), CheckIdRange(), SortedUniqueInRange(), Combine(), CombineGrad(),
+       BagGradients(), SplitRows(), GatherFromTables(), CombineFromTables(), SparseApply(bags=False),
        SparseApply(bags=True), DynamicStore("lookup"), DynamicStore("apply"),
        DynamicStore("import_"), DynamicStore("evict"), DynamicStore("create")]
 OP_NAMES = [op.name for op in OPS]

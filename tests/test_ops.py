@@ -57,6 +57,37 @@ def test_unique_rejects_non_vector(op_backend):
     tfde.ops.unique_with_counts(tf.zeros([2, 2], tf.int64))
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_sorted_unique_in_range_matches_numpy(op_backend, seed, dtype):
+  rng = np.random.default_rng(seed)
+  n = [0, 1, 17, 1000, 40000, 327680][seed % 6]
+  # Ranges below one bitmap word, past one worker's share of the bitmap
+  # (1024 words), and so wide for the ids that the kernel sorts instead
+  # (ids past int32 for int64).
+  num_ids = [1, 63, 5000, 70000, 4_000_000, 2**40 if dtype == np.int64 else 2**31 - 1][
+      (seed // 6 + seed) % 6]
+  ids = _zipf_ids(rng, n, num_ids, dtype)
+  ids[::7] = num_ids - 1  # the range's last id
+  unique, inverse = tfde.ops.sorted_unique_in_range(tf.constant(ids), num_ids)
+  want_u, want_i = np.unique(ids, return_inverse=True)
+  assert unique.dtype == tf.as_dtype(dtype) and inverse.dtype == tf.int32
+  np.testing.assert_array_equal(unique.numpy(), want_u)
+  np.testing.assert_array_equal(inverse.numpy(), want_i.ravel())
+
+
+@pytest.mark.parametrize("bad", [-1, 100, 2**40])
+def test_sorted_unique_in_range_names_the_first_id_outside(op_backend, bad):
+  ids = tf.constant([3, 99, bad, 0, bad], tf.int64)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=rf"ids\[2\] = {bad} is out of range \[0, 100\)"):
+    tfde.ops.sorted_unique_in_range(ids, 100)
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"out of range \[0, 0\)"):
+    tfde.ops.sorted_unique_in_range(tf.constant([0], tf.int64), 0)
+  empty = tfde.ops.sorted_unique_in_range(tf.zeros([0], tf.int64), 0)
+  assert [t.shape.as_list() for t in empty] == [[0], [0]]
+
+
 # ------------------------------------------------------------- partition
 
 

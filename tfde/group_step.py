@@ -76,7 +76,12 @@ def deduped(step):
   `routed.requested` is every id's row and `answer_index` the identity)."""
   if step.deduped:
     return step
-  unique, inverse, _ = ops.unique_with_counts(step.routed.requested)
+  # The requests are fused ids, below the group's fused row space times
+  # its shards: a bitmap of that space dedups them, in increasing order, so
+  # each table's update walks its rows in address order.
+  group = step.group
+  unique, inverse = ops.sorted_unique_in_range(
+      step.routed.requested, group.layout.total_rows * group.num_shards)
   return dataclasses.replace(
       step, routed=routing.Routed(unique, None, inverse, None),
       num_rows=tf.size(unique), deduped=True)

@@ -97,6 +97,21 @@ def unique_with_counts(ids):
   return _impl().unique_with_counts(ids)
 
 
+def sorted_unique_in_range(ids, num_ids):
+  """The unique values of `ids` in increasing order, and each element's
+  index into them (int32), where every id lies in [0, num_ids); else an
+  InvalidArgumentError naming the first that does not. Meant for row
+  numbers, such as a group's fused ids: the kernel keeps a bitmap of
+  [0, num_ids) (num_ids / 8 bytes), or sorts where the range is far wider
+  than the ids.
+
+  >>> unique, inverse = sorted_unique_in_range(tf.constant([7, 2, 7, 5], tf.int64), 8)
+  >>> unique.numpy().tolist(), inverse.numpy().tolist()
+  ([2, 5, 7], [2, 0, 2, 1])
+  """
+  return _impl().sorted_unique_in_range(ids, num_ids)
+
+
 def check_id_range(ids, vocabulary_size, what):
   """`ids` (a vector) once every one lies in [0, vocabulary_size); else an
   InvalidArgumentError naming `what` (the feature and its table), the first

@@ -68,6 +68,13 @@ def unique_with_counts(ids):
   return load().tfde_unique_with_counts(index_tensor(ids, "ids"))
 
 
+def sorted_unique_in_range(ids, num_ids):
+  ids = index_tensor(ids, "ids")
+  if not types.on_cpu(ids.device):
+    return reference.sorted_unique_in_range(ids, num_ids)  # the kernel is the CPU's
+  return load().tfde_sorted_unique_in_range(ids, num_ids=int(num_ids))
+
+
 def check_id_range(ids, vocabulary_size, what):
   return load().tfde_check_id_range(index_tensor(ids, "ids"),
                                     vocabulary_size=int(vocabulary_size), what=what)

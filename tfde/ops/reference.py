@@ -102,6 +102,18 @@ def check_id_range(ids, vocabulary_size, what):
     return tf.identity(ids)
 
 
+def sorted_unique_in_range(ids, num_ids):
+  ids = index_tensor(ids, "ids")
+  checks = check_rank(ids, 1, "ids")
+  wide = tf.cast(ids, tf.int64)
+  none, i, value = first_offender((wide < 0) | (wide >= num_ids), ids)
+  checks.append(assert_that(none, "ids[", i, "] = ", value, " is out of range [0, ",
+                            str(num_ids), ")"))
+  with tf.control_dependencies(checks):
+    unique = tf.sort(tf.unique(ids).y)
+    return unique, tf.searchsorted(unique, ids, out_type=tf.int32)
+
+
 def stamp_rows(stamps, rows, step):
   rows = index_tensor(rows, "rows")
   size = dim(stamps, 0)
