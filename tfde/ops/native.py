@@ -185,7 +185,16 @@ def gather_from_tables(tables, rows, bases):
 
 
 def advise_huge_pages(variables, collapse=True):
-  return load().tfde_advise_huge_pages([v.handle for v in variables], collapse=collapse)
+  # One op per device: an op's resource inputs must all be on its device,
+  # and MirroredStrategy over logical CPUs puts each replica's table on one.
+  by_device = {}
+  for v in variables:
+    by_device.setdefault(v.device, []).append(v.handle)
+  advice = []
+  for device, handles in by_device.items():
+    with tf.device(device):
+      advice.append(load().tfde_advise_huge_pages(handles, collapse=collapse))
+  return tuple(tf.add_n(list(bytes_)) for bytes_ in zip(*advice))
 
 
 def _int64(value, name):
