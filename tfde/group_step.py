@@ -76,12 +76,13 @@ def deduped(step):
   `routed.requested` is every id's row and `answer_index` the identity)."""
   if step.deduped:
     return step
-  # The requests are fused ids, below the group's fused row space times
-  # its shards: a bitmap of that space dedups them, in increasing order, so
-  # each table's update walks its rows in address order.
-  group = step.group
-  unique, inverse = ops.sorted_unique_in_range(
-      step.routed.requested, group.layout.total_rows * group.num_shards)
+  # The requests are fused ids, rows of the group's one owner: a bitmap of
+  # its row space dedups them in increasing order, so each table's update
+  # walks its rows in address order. (Not so at several owners, whose
+  # dense segment sum of the gradients would then write out of order:
+  # slower, notes/session12/owner_ab.txt.)
+  unique, inverse = ops.sorted_unique_in_range(step.routed.requested,
+                                               step.group.layout.total_rows)
   return dataclasses.replace(
       step, routed=routing.Routed(unique, None, inverse, None),
       num_rows=tf.size(unique), deduped=True)
