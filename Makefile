@@ -239,6 +239,7 @@ peers-env: $(PEERS_VENV)/.ready
 
 bench: ops peers-env
 	TFDE_PEERS_PYTHON=$(PEERS_VENV)/bin/python $(PY) bench/ops_bench.py
+	TFDE_PEERS_PYTHON=$(PEERS_VENV)/bin/python $(PY) bench/forward_bench.py
 	$(PY) bench/sharded_bench.py
 	$(PY) bench/dynamic_bench.py
 	$(PY) bench/memory_bench.py

@@ -3,6 +3,9 @@ FBGEMM TBE CPU on the data ops_bench.py hands over, run in their own
 environment (`make peers-env`, which ops_bench.py runs this script in).
 
   peers_bench.py time IDS.npz REPS      -> JSON {system: median ms} on stdout
+  peers_bench.py variants FORMS.npz REPS -> JSON {variant: torch median ms}
+      torch's forward for each combiner (sum, mean, sqrtn), with and
+      without per-id weights, on dense and ragged ids (bench/forward_bench.py)
   peers_bench.py sgd_step CASE.npz OUT.npz
       one SGD step (sum combiner, loss = sum(outputs * targets)) from the
       tables in CASE.npz; writes each peer's tables after it to OUT.npz.
@@ -122,6 +125,71 @@ def time_peers(path, reps):
   return results
 
 
+def time_variants(path, reps):
+  """torch `nn.EmbeddingBag` forwards of FORMS.npz's ids: per table
+  `dense_{t}` [batch, hot] with `dense_w_{t}`, and `values_{t}`,
+  `lengths_{t}`, `values_w_{t}` (ragged). EmbeddingBag has "sum" and
+  "mean" and takes per-id weights with "sum" only: sqrtn, and the weighted
+  mean and sqrtn, are "sum" with weights that the timed call normalizes
+  per bag itself (w / sum(w), w / sqrt(sum(w^2)), 1 / sqrt(n))."""
+  data = np.load(path)
+  num_tables = int(data["tables"])
+  vocab, dim = int(data["vocab"]), int(data["dim"])
+  gen = torch.Generator().manual_seed(0)
+  modules = {mode: [torch.nn.EmbeddingBag(vocab, dim, mode=mode) for _ in range(num_tables)]
+             for mode in ("sum", "mean")}
+  for bag in modules["mean"]:
+    torch.nn.init.uniform_(bag.weight, -0.05, 0.05, generator=gen)
+  for plain, mean in zip(modules["sum"], modules["mean"]):
+    plain.weight = mean.weight  # one copy of the tables for both modes
+  dense = [torch.from_numpy(data[f"dense_{t}"]) for t in range(num_tables)]
+  dense_w = [torch.from_numpy(data[f"dense_w_{t}"]) for t in range(num_tables)]
+  values = [torch.from_numpy(data[f"values_{t}"]) for t in range(num_tables)]
+  lengths = [torch.from_numpy(data[f"lengths_{t}"]) for t in range(num_tables)]
+  values_w = [torch.from_numpy(data[f"values_w_{t}"]) for t in range(num_tables)]
+  offsets = [torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(n, 0)[:-1]])
+             for n in lengths]
+  bag_of = [torch.repeat_interleave(torch.arange(len(n)), n) for n in lengths]
+
+  def normalized(w, combiner, t, ragged):
+    """Per-id weights (None: unweighted) scaled so that "sum" gives `combiner`."""
+    if combiner == "sum":
+      return w
+    if ragged:
+      ones = torch.ones(len(values[t])) if w is None else w
+      squares = ones if w is None else w * w
+      total = torch.zeros(len(lengths[t])).index_add_(
+          0, bag_of[t], ones if combiner == "mean" else squares)
+      scale = 1 / total if combiner == "mean" else torch.rsqrt(total)
+      return ones * scale[bag_of[t]]
+    ones = torch.ones(dense[t].shape) if w is None else w
+    if combiner == "mean":
+      return ones / ones.sum(1, keepdim=True)
+    return ones * torch.rsqrt((ones * ones).sum(1, keepdim=True))
+
+  results = {}
+  for form in ("dense", "ragged"):
+    for combiner in ("sum", "mean", "sqrtn"):
+      for weighted in (False, True):
+        def forward(form=form, combiner=combiner, weighted=weighted):
+          out = []
+          with torch.no_grad():
+            for t in range(num_tables):
+              ragged = form == "ragged"
+              w = (values_w if ragged else dense_w)[t] if weighted else None
+              if combiner == "mean" and not weighted:
+                bag, w = modules["mean"][t], None
+              else:
+                bag, w = modules["sum"][t], normalized(w, combiner, t, ragged)
+              if ragged:
+                out.append(bag(values[t], offsets[t], per_sample_weights=w))
+              else:
+                out.append(bag(dense[t], per_sample_weights=w))
+          return out
+        results[f"{form} {combiner}{' weighted' if weighted else ''}"] = _timed(forward, reps)
+  return results
+
+
 def sgd_step(case_path, out_path):
   """One SGD step of each peer from the tables in `case_path`."""
   data = np.load(case_path)
@@ -155,5 +223,7 @@ def sgd_step(case_path, out_path):
 if __name__ == "__main__":
   if sys.argv[1] == "time":
     print(json.dumps(time_peers(sys.argv[2], int(sys.argv[3]))))
+  elif sys.argv[1] == "variants":
+    print(json.dumps(time_variants(sys.argv[2], int(sys.argv[3]))))
   else:
     sgd_step(sys.argv[2], sys.argv[3])

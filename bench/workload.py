@@ -59,21 +59,23 @@ class Workload:
 def lookup_steps(lookup, inputs, loss_of):
   """(forward, training step): tf.functions of `lookup` on `inputs`. The
   step takes the gradient of `loss_of(outputs)`, which trains the tables
-  (their optimizers run in the backward), and returns the loss as [1]."""
+  (their optimizers run in the backward), and returns the loss as [1].
+  The inputs are the functions' arguments, not constants they capture,
+  which Grappler could fold into the graph as no real input can be."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   @tf.function
-  def forward():
+  def forward_of(inputs):
     return lookup(inputs)
 
   @tf.function
-  def train():
+  def train_on(inputs):
     with tf.GradientTape() as tape:
       loss = loss_of(lookup(inputs))
     tape.gradient(loss, lookup.trainable_variables)
     return loss[None]
 
-  return forward, train
+  return (lambda: forward_of(inputs)), (lambda: train_on(inputs))
 
 
 def timed(fn, reps, warmup=2):

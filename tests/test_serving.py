@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tfde
+from tests import oracles
 from tests import sharded_harness as h
 from tests import test_layers
 
@@ -116,3 +117,26 @@ def test_export_needs_a_distributed_embedding(tmp_path):
   model = keras.Sequential([keras.layers.Dense(1)])
   with pytest.raises(ValueError, match="holds no DistributedEmbedding"):
     tfde.export_for_serving(model, str(tmp_path / "x"), np.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("lengths", [[0, 3, 1, 0, 5, 2, 0], [4] * 6, [0, 0], []],
+                         ids=["ragged", "dense", "only-empty", "no-samples"])
+def test_the_served_combine_matches_numpy(combiner, weighted, lengths):
+  """An export's combine (stock ops): a [batch, hotness, dim] sum for dense
+  inputs, a sorted segment sum for the others (empty samples anywhere give
+  zeros), then the combiner's divisor per sample."""
+  rng = np.random.default_rng(len(lengths))
+  table = rng.normal(size=(20, 3)).astype(np.float32)
+  ids = [rng.integers(0, 20, size=n) for n in lengths]
+  weights = [rng.uniform(0.5, 2.0, size=n).astype(np.float32) for n in lengths]
+  want = oracles.combine(table, ids, weights if weighted else None, combiner)
+  flat = np.concatenate(ids + [np.zeros(0, np.int64)]).astype(np.int64)
+  splits = tf.constant(np.concatenate([[0], np.cumsum(lengths)]), tf.int64)
+  w = tf.constant(np.concatenate(weights + [np.zeros(0, np.float32)])) if weighted else None
+  dense = lengths and len(set(lengths)) == 1
+  got = tfde.inputs.combine_served_rows(tf.gather(table, flat), splits, w, combiner,
+                                        hotness=lengths[0] if dense else None)
+  np.testing.assert_allclose(got.numpy(), np.reshape(want, (len(lengths), 3)),
+                             rtol=1e-5, atol=1e-6)

@@ -123,20 +123,23 @@ def tensors_of(grads):
 def as_one_batch(features, combiners):
   """The features as one ragged batch: (row_splits, weights, combiner).
 
-  Several features fold each one's combiner into per-id coefficients (the
-  weights of a "sum") and concatenate their samples, so one combine or
-  gradient op serves them all."""
+  Several features concatenate their samples, so one combine or gradient
+  op serves them all. Features of one combiner keep it (where only some
+  are weighted, the others weigh 1): the kernels then compute each
+  sample's divisor as they combine. Mixed combiners are folded into
+  per-id coefficients, the weights of a "sum"."""
   if len(features) == 1:
     return features[0].row_splits, features[0].weights, combiners[0]
-  needs_weights = any(f.weights is not None or c != "sum"
-                      for f, c in zip(features, combiners))
-  coefficients, splits, offset = [], [tf.zeros([1], tf.int64)], tf.constant(0, tf.int64)
-  for f, combiner in zip(features, combiners):
-    if needs_weights:
-      _, coef = ops.combine_coefficients(f.row_splits, f.weights,
-                                         tf.size(f.ids), combiner)
-      coefficients.append(coef)
+  splits, offset = [tf.zeros([1], tf.int64)], tf.constant(0, tf.int64)
+  for f in features:
     splits.append(f.row_splits[1:] + offset)
     offset += f.row_splits[-1]
-  return (tf.concat(splits, 0), tf.concat(coefficients, 0) if needs_weights else None,
-          "sum")
+  splits = tf.concat(splits, 0)
+  if len(set(combiners)) == 1:
+    if all(f.weights is None for f in features):
+      return splits, None, combiners[0]
+    return splits, tf.concat([tf.ones([tf.size(f.ids)]) if f.weights is None else f.weights
+                              for f in features], 0), combiners[0]
+  coefficients = [ops.combine_coefficients(f.row_splits, f.weights, tf.size(f.ids), combiner)[1]
+                  for f, combiner in zip(features, combiners)]
+  return splits, tf.concat(coefficients, 0), "sum"

@@ -169,6 +169,53 @@ def check_id_range(ids, vocabulary_size, feature_name, table_name):
                                   describe(feature_name, table_name))
 
 
+def combine_served_rows(rows, row_splits, weights, combiner, hotness=None):
+  """Each sample's combined row from `rows`, one per id in id order, in
+  stock TensorFlow ops: what a serving export runs (`rows` float32 [n, dim],
+  `row_splits` [batch + 1], `weights` [n] or None). `hotness` (a dense
+  input's ids per sample, a scalar) sums a [batch, hotness, dim] view of
+  the rows; without it a sorted segment sum serves ragged and sparse
+  inputs. Either is one pass over the rows, where the twin's generic combine
+  (`reference.embedding_combine`) gathers and scales them first; the
+  combiner's divisor then scales each sample's sum.
+
+  >>> rows = tf.constant([[1.0], [3.0], [5.0]])
+  >>> splits = tf.constant([0, 2, 2, 3], tf.int64)
+  >>> combine_served_rows(rows, splits, None, "mean").numpy().ravel().tolist()
+  [2.0, 0.0, 5.0]
+  >>> combine_served_rows(rows[:2], splits[:2], tf.constant([1.0, 3.0]), "sqrtn",
+  ...                     hotness=2).numpy().ravel().tolist()  # (1 + 9) / sqrt(10)
+  [3.1622776985168457]
+  """
+  batch = tf.size(row_splits, out_type=tf.int64) - 1
+  weighted = rows if weights is None else rows * weights[:, None]
+  if hotness is not None:
+    hotness = tf.cast(hotness, tf.int64)
+    sums = tf.reduce_sum(
+        tf.reshape(weighted, [batch, hotness, tf.shape(rows, out_type=tf.int64)[1]]), 1)
+  else:
+    segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
+    sums = tf.math.segment_sum(weighted, segment_ids)
+    # Samples past the last one with an id have no segment: zeros.
+    sums = tf.pad(sums, [[0, batch - tf.shape(sums, out_type=tf.int64)[0]], [0, 0]])
+  if combiner == "sum":
+    return sums
+  # Each sample's divisor in float64, as the kernels and the twin compute it
+  # (squares of large weights overflow float32).
+  if weights is None:
+    divisor = tf.cast(row_splits[1:] - row_splits[:-1], tf.float64)
+  else:
+    w = tf.cast(weights, tf.float64)
+    w = w if combiner == "mean" else w * w
+    divisor = (tf.reduce_sum(tf.reshape(w, [batch, hotness]), 1) if hotness is not None
+               else tf.math.unsorted_segment_sum(
+                   w, tf.ragged.row_splits_to_segment_ids(row_splits), batch))
+  if combiner == "sqrtn":
+    divisor = tf.sqrt(divisor)
+  scale = tf.math.divide_no_nan(tf.constant(1.0, tf.float64), divisor)
+  return sums * tf.cast(scale, tf.float32)[:, None]
+
+
 def _positions(inputs, row_splits):
   """Each id's position in its sample: its column for dense and sparse
   inputs (a sparse input's gaps stay gaps, as TPU embedding places them),

@@ -282,9 +282,13 @@ class DistributedEmbedding(keras.layers.Layer):
       rows = tf.cast(rows, tf.float32)  # reduced-precision rows combine in float32
       if f.table.max_norm is not None:
         rows = row_features.renormalize_rows(rows, f.table.max_norm)
-      out = reference.embedding_combine(
-          rows, tf.range(tf.size(ids)), splits, w,
-          f.table.combiner if f.output == "pooled" else "sum")
+      given = inputs[f.name]
+      hotness = None  # ragged, sparse or unpooled: a segment sum
+      if not isinstance(given, (tf.RaggedTensor, tf.SparseTensor)) and length is None:
+        given = tf.convert_to_tensor(given)
+        hotness = 1 if given.shape.rank == 1 else tf.shape(given, out_type=tf.int64)[1]
+      out = inputs_lib.combine_served_rows(
+          rows, splits, w, f.table.combiner if f.output == "pooled" else "sum", hotness)
       outputs[f.name] = inputs_lib.shape_output(
           inputs_lib.FlatFeature(f.name, None, ids, splits, w, length, output_splits),
           out)

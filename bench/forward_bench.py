@@ -1,0 +1,174 @@
+"""Forward benchmark: tfde's one-replica lookup against torch
+`nn.EmbeddingBag` for every combiner (sum, mean, sqrtn), with and without
+per-id weights, on dense and ragged ids; and the exported serving model
+(stock TF ops only) of the unweighted forms.
+
+Data (printed): bench/workload.py's 4 tables of 1,000,000 x 64 float32 and
+its Zipf(1.05) ids, batch 4096. Dense: 20 ids per sample per table. Ragged:
+the first n ids of each of those rows, n uniform in [1, 39] (20 on
+average). Weights: uniform in [0.5, 1.5). Each system is timed on the same
+ids (median of --reps calls after 2 warm-ups):
+
+  ShardedLookup   `tfde.lookup.ShardedLookup`, training=False and True
+  layer           the Keras layer `tfde.layers.DistributedEmbedding`, the same
+  export          `tfde.export_for_serving` of the layer, loaded back with
+                  `tf.saved_model.load` (serves without tfde's ops), its
+                  `serve` function; unweighted forms only (the layer's
+                  export takes the ids alone)
+  torch           `nn.EmbeddingBag` (bench/peers_bench.py variants, in the
+                  peers' environment)
+
+Prints one table, the ratios to torch (< 1: tfde faster), and writes
+bench/results/forward_bench.png. `--quick` shrinks the tables and batch.
+"""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import tfde  # noqa: E402
+from ops_bench import run_peers  # noqa: E402  (bench/ is the script's dir)
+from workload import parse_args, timed  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
+def forms(work, seed=0):
+  """Per table: dense ids [batch, hot] and weights; the ragged ids (values,
+  row lengths) and weights made from them."""
+  rng = np.random.default_rng(seed + 1)
+  out = []
+  for ids in work.ids(seed):
+    lengths = rng.integers(1, 2 * work.hot, size=work.batch)
+    keep = np.arange(work.hot * 2)[None, :] < lengths[:, None]
+    wide = np.concatenate([ids, ids[:, ::-1]], 1)  # rows of up to 2 * hot ids
+    values = wide[keep]
+    out.append(dict(dense=ids, dense_w=rng.uniform(0.5, 1.5, ids.shape).astype(np.float32),
+                    values=values, lengths=lengths.astype(np.int64),
+                    values_w=rng.uniform(0.5, 1.5, values.shape).astype(np.float32)))
+  return out
+
+
+def configs(work, combiner):
+  return {name: tfde.FeatureConfig(name=name, table=tfde.TableConfig(
+      name=f.table.name, vocabulary_size=f.table.vocabulary_size,
+      embedding_dim=f.table.embedding_dim, optimizer=f.table.optimizer,
+      combiner=combiner, initializer=f.table.initializer, seed=f.table.seed))
+          for name, f in work.feature_configs().items()}
+
+
+def tf_inputs(data, form, weighted):
+  """(ids, weights or None) by feature name, dense or ragged tensors."""
+  ids, weights = {}, {}
+  for t, d in enumerate(data):
+    if form == "dense":
+      ids[f"f{t}"] = tf.constant(d["dense"])
+      weights[f"f{t}"] = tf.constant(d["dense_w"])
+    else:
+      ids[f"f{t}"] = tf.RaggedTensor.from_row_lengths(d["values"], d["lengths"])
+      weights[f"f{t}"] = tf.RaggedTensor.from_row_lengths(d["values_w"], d["lengths"])
+  return ids, (weights if weighted else None)
+
+
+def time_tfde(work, data, reps, export_dir):
+  """{variant: {system: ms}} for tfde's systems."""
+  results = {}
+  for combiner in COMBINERS:
+    layer = tfde.layers.DistributedEmbedding(configs(work, combiner))
+    lookup = layer._lookup  # pylint: disable=protected-access  (the layer's own tables)
+    for form in ("dense", "ragged"):
+      for weighted in (False, True):
+        ids, weights = tf_inputs(data, form, weighted)
+        variant = f"{form} {combiner}{' weighted' if weighted else ''}"
+        row = results.setdefault(variant, {})
+        # The inputs are arguments, not captured constants that Grappler
+        # could fold as no real input can be.
+        for training in (False, True):
+          fn = tf.function(lambda i, w, training=training: lookup(i, w, training=training))
+          row[f"ShardedLookup training={training}"] = timed(
+              lambda fn=fn: fn(ids, weights), reps)
+          fn = tf.function(lambda i, w, training=training: layer(i, w, training=training))
+          row[f"layer training={training}"] = timed(lambda fn=fn: fn(ids, weights), reps)
+        if not weighted:
+          path = os.path.join(export_dir, "export")
+          tfde.export_for_serving(layer, path, ids)
+          served = tf.saved_model.load(path)
+          row["export"] = timed(lambda served=served, ids=ids: served.serve(ids), reps)
+          del served
+          shutil.rmtree(path)
+        print(f"  {variant}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()),
+              flush=True)
+    del layer, lookup
+  return results
+
+
+def time_torch(work, data, reps, tmp):
+  path = os.path.join(tmp, "forms.npz")
+  arrays = {f"{k}_{t}": v for t, d in enumerate(data) for k, v in d.items()}
+  np.savez(path, tables=work.tables, vocab=work.vocab, dim=work.dim, **arrays)
+  out = run_peers("variants", path, str(reps))
+  return json.loads(out.strip().splitlines()[-1]) if out else {}
+
+
+def plot(results, torch, path):
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    print("matplotlib missing: no plot")
+    return
+  variants = list(results)
+  systems = ["ShardedLookup training=False", "layer training=False", "export"]
+  fig, ax = plt.subplots(figsize=(14, 4.5))
+  width = 0.8 / (len(systems) + 1)
+  x = np.arange(len(variants))
+  for k, system in enumerate(systems):
+    ax.bar(x + k * width, [results[v].get(system, np.nan) for v in variants], width,
+           label=f"tfde {system}")
+  ax.bar(x + len(systems) * width, [torch.get(v, np.nan) for v in variants], width,
+         label="torch EmbeddingBag")
+  ax.set_xticks(x + 0.4 - width / 2, variants, rotation=30, ha="right")
+  ax.set(ylabel="ms per forward (4 tables, batch 4096)", title="forward, one replica")
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path)
+  print(f"wrote {path}")
+
+
+def main():
+  args, work = parse_args(__doc__, reps=7)
+  data = forms(work)
+  print(f"data: {work.tables} tables of {work.vocab:,} x {work.dim} float32, batch "
+        f"{work.batch}, Zipf({work.alpha}) ids; dense {work.hot} ids per sample, ragged "
+        f"{np.mean([d['lengths'].mean() for d in data]):.1f} on average; TF "
+        f"{tf.__version__}, {os.cpu_count()} cores; median of {args.reps}", flush=True)
+  with tempfile.TemporaryDirectory() as tmp:
+    results = time_tfde(work, data, args.reps, tmp)
+    torch = time_torch(work, data, args.reps, tmp)
+  systems = list(next(iter(results.values())))
+  print(f"{'variant':<22}" + "".join(f"{s.replace('training=', 'tr='):>24}" for s in systems) +
+        f"{'torch':>8}   ratios to torch (lookup tr=False, layer tr=False, export)")
+  for variant, row in results.items():
+    t = torch.get(variant)
+    ratios = ", ".join(f"{row[s] / t:.2f}" if t and s in row else "-"
+                       for s in ("ShardedLookup training=False", "layer training=False",
+                                 "export"))
+    print(f"{variant:<22}" + "".join(f"{row[s]:>24.1f}" if s in row else f"{'-':>24}"
+                                     for s in systems) +
+          f"{t if t else float('nan'):>8.1f}   {ratios}")
+  os.makedirs(RESULTS, exist_ok=True)
+  plot(results, torch, os.path.join(RESULTS, "forward_bench.png"))
+
+
+if __name__ == "__main__":
+  main()
