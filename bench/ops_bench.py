@@ -139,15 +139,15 @@ def profile(work, args):
     return group.fused_ids(lookup.flatten(inputs))
 
   @tf.function
-  def dedup():
-    return tfde.ops.unique_with_counts(fused)
+  def dedup():  # the backward's, in row order
+    return tfde.ops.sorted_unique_in_range(fused, group.layout.total_rows)
 
   @tf.function
   def combine():
     return group.combine_local(0, fused, tf.range(tf.size(fused, out_type=tf.int32)),
                                (splits, weights, combiner))
 
-  unique, inverse, _ = tfde.ops.unique_with_counts(fused)
+  unique, inverse = tfde.ops.sorted_unique_in_range(fused, group.layout.total_rows)
 
   @tf.function
   def dedup_then_combine():
@@ -163,7 +163,7 @@ def profile(work, args):
   forward, train = lookup_steps(
       lookup, inputs, lambda out: tf.add_n([tf.reduce_sum(v) for v in out.values()]))
 
-  stages = {"flatten + fuse ids": flatten_only, "dedup (unique_with_counts)": dedup,
+  stages = {"flatten + fuse ids": flatten_only, "dedup (sorted_unique_in_range)": dedup,
             "combine from tables": combine,
             "dedup + combine from the unique rows (the old forward)": dedup_then_combine,
             "bag gradient index": bag_index,
@@ -179,7 +179,7 @@ def profile(work, args):
   times = {name: statistics.median(ms) for name, ms in rounds.items()}
   times["Adam apply + rest (step - forward - dedup - bag index)"] = (
       times["lazy Adam step (whole)"] - times["forward (whole)"]
-      - times["dedup (unique_with_counts)"] - times["bag gradient index"])
+      - times["dedup (sorted_unique_in_range)"] - times["bag gradient index"])
   print(f"profile of one step ({work.describe()}), median ms of {args.reps} "
         "interleaved rounds:")
   for name, ms in times.items():
