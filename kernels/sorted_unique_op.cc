@@ -105,12 +105,9 @@ class SortedUniqueInRangeOp : public OpKernel {
       num_unique += Popcount(present[w]);
     }
 
-    Tensor* unique_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique}), &unique_t));
-    Tensor* inverse_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &inverse_t));
-    Id* unique = unique_t->flat<Id>().data();
-    int32_t* inverse = inverse_t->flat<int32_t>().data();
+    Id* unique;
+    int32_t* inverse;
+    OP_REQUIRES_OK(ctx, AllocateOutputs(ctx, num_unique, n, &unique, &inverse));
     // Words in parallel: each writes its ids from its own rank on.
     ParallelFor(ctx, num_words, 64, [&](int64_t w0, int64_t w1) {
       for (int64_t w = w0; w < w1; ++w) {
@@ -131,6 +128,16 @@ class SortedUniqueInRangeOp : public OpKernel {
   }
 
  private:
+  static Status AllocateOutputs(OpKernelContext* ctx, int64_t num_unique, int64_t n, Id** unique,
+                                int32_t** inverse) {
+    Tensor *unique_t, *inverse_t;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({num_unique}), &unique_t));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({n}), &inverse_t));
+    *unique = unique_t->flat<Id>().data();
+    *inverse = inverse_t->flat<int32_t>().data();
+    return absl::OkStatus();
+  }
+
   // The unique ids and inverse by sorting (id, position) pairs.
   void SortPositions(OpKernelContext* ctx, const Id* ids, int64_t n) {
     std::vector<std::pair<Id, int32_t>> sorted(n);
@@ -138,12 +145,9 @@ class SortedUniqueInRangeOp : public OpKernel {
     std::sort(sorted.begin(), sorted.end());
     int64_t num_unique = 0;
     for (int64_t k = 0; k < n; ++k) num_unique += k == 0 || sorted[k].first != sorted[k - 1].first;
-    Tensor* unique_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique}), &unique_t));
-    Tensor* inverse_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &inverse_t));
-    Id* unique = unique_t->flat<Id>().data();
-    int32_t* inverse = inverse_t->flat<int32_t>().data();
+    Id* unique;
+    int32_t* inverse;
+    OP_REQUIRES_OK(ctx, AllocateOutputs(ctx, num_unique, n, &unique, &inverse));
     int32_t rank = -1;
     for (int64_t k = 0; k < n; ++k) {
       if (k == 0 || sorted[k].first != sorted[k - 1].first) unique[++rank] = sorted[k].first;

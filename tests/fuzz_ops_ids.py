@@ -34,6 +34,24 @@ def _ids_shape_and_dtype_mutations():
   }
 
 
+def _range_mutations(bound, at_name, at_note, zero_name):
+  """Mutations of ids that must lie in [0, inp[bound]): one id below it,
+  at its end, past int32 or at int64's extremes (int32 ids stay int32
+  where the value fits: the kernels' int32 path), a bound of 0, and the
+  ids' shape and dtype."""
+  def _id(make, note):
+    return _id_mutation(make, note, keep_int32=True)
+  return {
+      "negative_id": ("negative", _id(lambda rng, inp: -int(rng.integers(1, 100)), "")),
+      at_name: ("value", _id(lambda rng, inp: inp[bound], at_note)),
+      "id_past_int32": ("extreme", _id(lambda rng, inp: WRAP + 1, "")),
+      "id_int64_max": ("extreme", _id(lambda rng, inp: I64_MAX, "")),
+      "id_int64_min": ("extreme", _id(lambda rng, inp: I64_MIN, "")),
+      zero_name: ("value", lambda rng, inp: _set(inp, bound, 0, "= 0")),
+      **_ids_shape_and_dtype_mutations(),
+  }
+
+
 # ---- unique_with_counts
 
 
@@ -139,18 +157,7 @@ class CheckIdRange(Op):
     ids = rng.integers(0, size, size=n).astype(rng.choice([np.int32, np.int64]))
     return dict(ids=ids, vocabulary_size=size)
 
-  def _id(make, note):
-    return _id_mutation(make, note, keep_int32=True)
-
-  MUTATIONS = {
-      "negative_id": ("negative", _id(lambda rng, inp: -int(rng.integers(1, 100)), "")),
-      "id_at_size": ("value", _id(lambda rng, inp: inp["vocabulary_size"], "(the size)")),
-      "id_past_int32": ("extreme", _id(lambda rng, inp: WRAP + 1, "")),
-      "id_int64_max": ("extreme", _id(lambda rng, inp: I64_MAX, "")),
-      "id_int64_min": ("extreme", _id(lambda rng, inp: I64_MIN, "")),
-      "vocabulary_0": ("value", lambda rng, inp: _set(inp, "vocabulary_size", 0, "= 0")),
-      **_ids_shape_and_dtype_mutations(),
-  }
+  MUTATIONS = _range_mutations("vocabulary_size", "id_at_size", "(the size)", "vocabulary_0")
 
   def oracle(self, inp):
     ids = inp["ids"]
@@ -177,19 +184,10 @@ class SortedUniqueInRange(Op):
     ids = rng.integers(0, min(num_ids, 40), size=n).astype(rng.choice([np.int32, np.int64]))
     return dict(ids=ids, num_ids=num_ids)
 
-  def _id(make, note):
-    return _id_mutation(make, note, keep_int32=True)
-
   MUTATIONS = {
-      "negative_id": ("negative", _id(lambda rng, inp: -int(rng.integers(1, 100)), "")),
-      "id_at_range": ("value", _id(lambda rng, inp: inp["num_ids"], "(the range's end)")),
-      "id_last_of_range": ("value", _id(lambda rng, inp: inp["num_ids"] - 1,
-                                        "(the range's last)")),
-      "id_past_int32": ("extreme", _id(lambda rng, inp: WRAP + 1, "")),
-      "id_int64_max": ("extreme", _id(lambda rng, inp: I64_MAX, "")),
-      "id_int64_min": ("extreme", _id(lambda rng, inp: I64_MIN, "")),
-      "range_0": ("value", lambda rng, inp: _set(inp, "num_ids", 0, "= 0")),
-      **_ids_shape_and_dtype_mutations(),
+      **_range_mutations("num_ids", "id_at_range", "(the range's end)", "range_0"),
+      "id_last_of_range": ("value", _id_mutation(lambda rng, inp: inp["num_ids"] - 1,
+                                                 "(the range's last)", keep_int32=True)),
   }
 
   def oracle(self, inp):
