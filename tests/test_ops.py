@@ -76,6 +76,23 @@ def test_sorted_unique_in_range_matches_numpy(op_backend, seed, dtype):
   np.testing.assert_array_equal(inverse.numpy(), want_i.ravel())
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_sorted_unique_off_the_cpu_matches_numpy(dtype):
+  """Where the bitmap kernel does not run (a GPU), the check, hash dedup
+  and sort it is made of there, run here on their CPU kernels."""
+  if not tfde.ops.kernels_available():
+    pytest.skip("no op library")
+  rng = np.random.default_rng(7)
+  for n, num_ids in ((0, 5), (1, 1), (5000, 300), (40000, 4_000_000)):
+    ids = _zipf_ids(rng, n, num_ids, dtype)
+    unique, inverse = tfde.ops.native.sorted_unique_by_hashing(tf.constant(ids), num_ids)
+    want_u, want_i = np.unique(ids, return_inverse=True)
+    np.testing.assert_array_equal(unique.numpy(), want_u)
+    np.testing.assert_array_equal(inverse.numpy(), want_i.ravel())
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"id 9 at position 1 is out of range"):
+    tfde.ops.native.sorted_unique_by_hashing(tf.constant([1, 9], tf.int64), 5)
+
+
 @pytest.mark.parametrize("bad", [-1, 100, 2**40])
 def test_sorted_unique_in_range_names_the_first_id_outside(op_backend, bad):
   ids = tf.constant([3, 99, bad, 0, bad], tf.int64)

@@ -71,8 +71,19 @@ def unique_with_counts(ids):
 def sorted_unique_in_range(ids, num_ids):
   ids = index_tensor(ids, "ids")
   if not types.on_cpu(ids.device):
-    return reference.sorted_unique_in_range(ids, num_ids)  # the kernel is the CPU's
+    return sorted_unique_by_hashing(ids, num_ids)
   return load().tfde_sorted_unique_in_range(ids, num_ids=int(num_ids))
+
+
+def sorted_unique_by_hashing(ids, num_ids):
+  """The bitmap kernel is the CPU's: elsewhere (a GPU) the ids are checked
+  and deduped by the ops that have kernels there, and the unique ids
+  sorted after (fewer than the ids), all on the ids' device."""
+  ids = load().tfde_check_id_range(ids, vocabulary_size=int(num_ids), what="ids")
+  unique, inverse, _ = load().tfde_unique_with_counts(ids)
+  order = tf.argsort(unique, stable=True)
+  return (tf.gather(unique, order),
+          tf.gather(tf.math.invert_permutation(tf.cast(order, tf.int32)), inverse))
 
 
 def check_id_range(ids, vocabulary_size, what):
