@@ -19,7 +19,8 @@ ids (median of --reps calls after 2 warm-ups):
                   peers' environment)
 
 Prints one table, the ratios to torch (< 1: tfde faster), and writes
-bench/results/forward_bench.png. `--quick` shrinks the tables and batch.
+bench/results/forward_bench.png (`--quick`, which shrinks the tables and
+batch, writes forward_bench_quick.png).
 """
 
 import json
@@ -90,8 +91,7 @@ def time_tfde(work, data, reps, export_dir):
         ids, weights = tf_inputs(data, form, weighted)
         variant = f"{form} {combiner}{' weighted' if weighted else ''}"
         row = results.setdefault(variant, {})
-        # The inputs are arguments, not captured constants that Grappler
-        # could fold as no real input can be.
+        # The inputs are arguments, as a real input arrives.
         for training in (False, True):
           fn = tf.function(lambda i, w, training=training: lookup(i, w, training=training))
           row[f"ShardedLookup training={training}"] = timed(
@@ -167,7 +167,8 @@ def main():
                                      for s in systems) +
           f"{t if t else float('nan'):>8.1f}   {ratios}")
   os.makedirs(RESULTS, exist_ok=True)
-  plot(results, torch, os.path.join(RESULTS, "forward_bench.png"))
+  name = "forward_bench_quick.png" if args.quick else "forward_bench.png"
+  plot(results, torch, os.path.join(RESULTS, name))
 
 
 if __name__ == "__main__":

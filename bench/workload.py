@@ -60,8 +60,7 @@ def lookup_steps(lookup, inputs, loss_of):
   """(forward, training step): tf.functions of `lookup` on `inputs`. The
   step takes the gradient of `loss_of(outputs)`, which trains the tables
   (their optimizers run in the backward), and returns the loss as [1].
-  The inputs are the functions' arguments, not constants they capture,
-  which Grappler could fold into the graph as no real input can be."""
+  The inputs are the functions' arguments, as a real input arrives."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   @tf.function

@@ -77,7 +77,8 @@ class SortedUniqueInRangeOp : public OpKernel {
     // in the words before it: an id's rank among the unique ids.
     // A range much wider than the ids (say, few ids of a huge table) would
     // make the bitmap outweigh them: sort instead, in O(n) memory.
-    const int64_t num_words = n == 0 ? 0 : (num_ids_ + 63) / 64;
+    // (num_ids_ + 63) / 64 would overflow for a range near 2^63.
+    const int64_t num_words = n == 0 ? 0 : num_ids_ / 64 + (num_ids_ % 64 != 0);
     if (num_words > 4 * n + 1024) {
       SortPositions(ctx, ids, n);
       return;

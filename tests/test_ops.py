@@ -95,6 +95,21 @@ def test_sorted_unique_off_the_cpu_matches_numpy(dtype):
 
 @pytest.mark.parametrize("bad", [-1, 100, 2**40])
 def test_sorted_unique_in_range_names_the_first_id_outside(op_backend, bad):
+  with tf.device("/cpu:0"):  # a GPU's ids take the hash path, worded as its check op
+    _sorted_unique_refusals(bad)
+
+
+def test_sorted_unique_in_range_near_int64s_end(op_backend):
+  """A range within 63 of 2^63 once overflowed the bitmap's word count."""
+  with tf.device("/cpu:0"):
+    for num_ids in (2**63 - 2, 2**63 - 64, 2**62 + 1):
+      unique, inverse = tfde.ops.sorted_unique_in_range(
+          tf.constant([5, 0, 2**62, 5], tf.int64), num_ids)
+      assert unique.numpy().tolist() == [0, 5, 2**62]
+      assert inverse.numpy().tolist() == [1, 0, 2, 1]
+
+
+def _sorted_unique_refusals(bad):
   ids = tf.constant([3, 99, bad, 0, bad], tf.int64)
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=rf"ids\[2\] = {bad} is out of range \[0, 100\)"):

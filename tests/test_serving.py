@@ -140,3 +140,57 @@ def test_the_served_combine_matches_numpy(combiner, weighted, lengths):
                                         hotness=lengths[0] if dense else None)
   np.testing.assert_allclose(got.numpy(), np.reshape(want, (len(lengths), 3)),
                              rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_the_serving_lookup_matches_training_for_every_output_and_form(combiner):
+  """The layer's stock-op lookup (what an export runs) against its
+  training lookup: pooled features from rank-1 and rank-2 dense ids,
+  ragged and sparse ids, weighted or not; sequence and ragged outputs from
+  dense ids (unpooled: one sample per id, so no [batch, hotness] view)."""
+  table = tfde.TableConfig(name="t", vocabulary_size=30, embedding_dim=4,
+                           combiner=combiner, seed=5)
+  features = {
+      "rank1": tfde.FeatureConfig(name="rank1", table=table),
+      "rank2": tfde.FeatureConfig(name="rank2", table=table),
+      "weighted": tfde.FeatureConfig(name="weighted", table=table),
+      "ragged": tfde.FeatureConfig(name="ragged", table=table),
+      "sparse": tfde.FeatureConfig(name="sparse", table=table),
+      "sequence": tfde.FeatureConfig(name="sequence", table=table, max_sequence_length=4),
+      "ragged_out": tfde.FeatureConfig(name="ragged_out", table=table, output="ragged"),
+  }
+  layer = tfde.layers.DistributedEmbedding(features)
+  rng = np.random.default_rng(3)
+  dense = tf.constant(rng.integers(0, 30, size=(5, 3)), tf.int64)
+  inputs = {
+      "rank1": tf.constant(rng.integers(0, 30, size=5), tf.int64),
+      "rank2": dense, "weighted": dense, "sequence": dense, "ragged_out": dense,
+      "ragged": tf.ragged.constant([[1, 2, 3], [], [4], [5, 6], []], tf.int64),
+      "sparse": tf.sparse.from_dense(tf.constant([[1, 0, 2], [0, 0, 0], [3, 4, 0],
+                                                  [0, 5, 0], [0, 0, 0]], tf.int64)),
+  }
+  weights = {"weighted": tf.constant(rng.uniform(0.5, 2.0, size=(5, 3)), tf.float32)}
+  want = layer(inputs, weights, training=False)
+  layer.serve_from({"t": tf.Variable(layer.tables["t"].state(keys=("table",))["table"])})
+  try:
+    got = layer(inputs, weights, training=False)
+  finally:
+    layer.serve_from(None)
+  for name in features:
+    w, g = want[name], got[name]
+    if isinstance(w, tf.RaggedTensor):
+      w, g = w.to_tensor(), g.to_tensor()
+    np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_the_served_combine_keeps_huge_weights_finite():
+  """Weights whose sum overflows float32: folded per id in float64, as the
+  kernels and the twin fold them, not summed in float32 first."""
+  rows = tf.constant([[2.0], [3.0], [4.0], [6.0]])
+  weights = tf.constant([1e38, 1e38, 3e38, 1e38])
+  splits = tf.constant([0, 2, 4], tf.int64)
+  for combiner in ("mean", "sqrtn"):
+    want = tfde.ops.reference.embedding_combine(rows, tf.range(4), splits, weights, combiner)
+    for hotness in (None, 2):
+      got = tfde.inputs.combine_served_rows(rows, splits, weights, combiner, hotness)
+      np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)

@@ -176,8 +176,9 @@ def combine_served_rows(rows, row_splits, weights, combiner, hotness=None):
   input's ids per sample, a scalar) sums a [batch, hotness, dim] view of
   the rows; without it a sorted segment sum serves ragged and sparse
   inputs. Either is one pass over the rows, where the twin's generic combine
-  (`reference.embedding_combine`) gathers and scales them first; the
-  combiner's divisor then scales each sample's sum.
+  (`reference.embedding_combine`) gathers and scales them first. An
+  unweighted mean or sqrtn divides each sample's sum; weights are folded
+  with their divisor per id in float64, as the kernels do.
 
   >>> rows = tf.constant([[1.0], [3.0], [5.0]])
   >>> splits = tf.constant([0, 2, 2, 3], tf.int64)
@@ -188,32 +189,40 @@ def combine_served_rows(rows, row_splits, weights, combiner, hotness=None):
   [3.1622776985168457]
   """
   batch = tf.size(row_splits, out_type=tf.int64) - 1
-  weighted = rows if weights is None else rows * weights[:, None]
   if hotness is not None:
     hotness = tf.cast(hotness, tf.int64)
-    sums = tf.reduce_sum(
-        tf.reshape(weighted, [batch, hotness, tf.shape(rows, out_type=tf.int64)[1]]), 1)
+    segment_ids = None
   else:
     segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
-    sums = tf.math.segment_sum(weighted, segment_ids)
+
+  def per_sample_sum(values):  # [n, ...] -> [batch, ...]
+    if hotness is not None:
+      return tf.reduce_sum(tf.reshape(
+          values, tf.concat([[batch, hotness], tf.shape(values, out_type=tf.int64)[1:]], 0)), 1)
     # Samples past the last one with an id have no segment: zeros.
-    sums = tf.pad(sums, [[0, batch - tf.shape(sums, out_type=tf.int64)[0]], [0, 0]])
+    sums = tf.math.segment_sum(values, segment_ids)
+    pad = tf.concat([[batch - tf.shape(sums, out_type=tf.int64)[0]],
+                     tf.zeros([tf.rank(values) - 1], tf.int64)], 0)
+    return tf.pad(sums, tf.stack([tf.zeros_like(pad), pad], 1))
+
   if combiner == "sum":
-    return sums
-  # Each sample's divisor in float64, as the kernels and the twin compute it
-  # (squares of large weights overflow float32).
+    return per_sample_sum(rows if weights is None else rows * weights[:, None])
   if weights is None:
-    divisor = tf.cast(row_splits[1:] - row_splits[:-1], tf.float64)
-  else:
-    w = tf.cast(weights, tf.float64)
-    w = w if combiner == "mean" else w * w
-    divisor = (tf.reduce_sum(tf.reshape(w, [batch, hotness]), 1) if hotness is not None
-               else tf.math.unsorted_segment_sum(
-                   w, tf.ragged.row_splits_to_segment_ids(row_splits), batch))
+    # Unweighted: each sample's sum over its id count (its square root).
+    count = tf.cast(row_splits[1:] - row_splits[:-1], tf.float64)
+    divisor = count if combiner == "mean" else tf.sqrt(count)
+    scale = tf.math.divide_no_nan(tf.constant(1.0, tf.float64), divisor)
+    return per_sample_sum(rows) * tf.cast(scale, tf.float32)[:, None]
+  # Weighted: each id's w / divisor in float64, as the kernels and the twin
+  # compute it (squares of large weights overflow float32), then one pass.
+  w = tf.cast(weights, tf.float64)
+  divisor = per_sample_sum(w if combiner == "mean" else w * w)
   if combiner == "sqrtn":
     divisor = tf.sqrt(divisor)
   scale = tf.math.divide_no_nan(tf.constant(1.0, tf.float64), divisor)
-  return sums * tf.cast(scale, tf.float32)[:, None]
+  per_id = (tf.repeat(scale, hotness) if hotness is not None
+            else tf.gather(scale, segment_ids))
+  return per_sample_sum(rows * tf.cast(w * per_id, tf.float32)[:, None])
 
 
 def _positions(inputs, row_splits):

@@ -284,7 +284,7 @@ class DistributedEmbedding(keras.layers.Layer):
         rows = row_features.renormalize_rows(rows, f.table.max_norm)
       given = inputs[f.name]
       hotness = None  # ragged, sparse or unpooled: a segment sum
-      if not isinstance(given, (tf.RaggedTensor, tf.SparseTensor)) and length is None:
+      if f.output == "pooled" and not isinstance(given, (tf.RaggedTensor, tf.SparseTensor)):
         given = tf.convert_to_tensor(given)
         hotness = 1 if given.shape.rank == 1 else tf.shape(given, out_type=tf.int64)[1]
       out = inputs_lib.combine_served_rows(

@@ -101,9 +101,11 @@ def sorted_unique_in_range(ids, num_ids):
   """The unique values of `ids` in increasing order, and each element's
   index into them (int32), where every id lies in [0, num_ids); else an
   InvalidArgumentError naming the first that does not. Meant for row
-  numbers, such as a group's fused ids: the kernel keeps a bitmap of
+  numbers, such as a group's fused ids: the CPU kernel keeps a bitmap of
   [0, num_ids) (num_ids / 8 bytes), or sorts where the range is far wider
-  than the ids.
+  than the ids; elsewhere (a GPU) the ids are checked and hash-deduped by
+  those ops' kernels there (the error then reads "ids: id V at position I
+  is out of range [0, N)") and the unique ids sorted.
 
   >>> unique, inverse = sorted_unique_in_range(tf.constant([7, 2, 7, 5], tf.int64), 8)
   >>> unique.numpy().tolist(), inverse.numpy().tolist()

@@ -81,9 +81,11 @@ def sorted_unique_by_hashing(ids, num_ids):
   sorted after (fewer than the ids), all on the ids' device."""
   ids = load().tfde_check_id_range(ids, vocabulary_size=int(num_ids), what="ids")
   unique, inverse, _ = load().tfde_unique_with_counts(ids)
-  order = tf.argsort(unique, stable=True)
-  return (tf.gather(unique, order),
-          tf.gather(tf.math.invert_permutation(tf.cast(order, tf.int32)), inverse))
+  order = tf.cast(tf.argsort(unique, stable=True), tf.int32)
+  # Each first-appearance index's rank; a scatter stays on the device, where
+  # InvertPermutation's GPU kernel keeps its data on the host.
+  rank = tf.scatter_nd(order[:, None], tf.range(tf.size(order)), tf.shape(order))
+  return tf.gather(unique, order), tf.gather(rank, inverse)
 
 
 def check_id_range(ids, vocabulary_size, what):
