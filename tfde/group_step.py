@@ -87,7 +87,7 @@ def deduped(step):
   requested, num_rows = step.routed.requested, step.group.layout.total_rows
 
   def in_row_order():
-    return ops.sorted_unique_in_range(requested, num_rows)
+    return tuple(ops.sorted_unique_in_range(requested, num_rows))
 
   def by_hashing():
     return tuple(ops.unique_with_counts(requested)[:2])
