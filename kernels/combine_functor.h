@@ -4,6 +4,7 @@
 #define TFDE_KERNELS_COMBINE_FUNCTOR_H_
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "device.h"
@@ -20,6 +21,7 @@ struct Coefficients {
   Tensor bag_of;            // [n] int32
   Tensor coefficient;       // [n] float
   int64_t rows_read = 0;    // max(inverse) + 1 (CPU), for scratch sizes
+  bool unit_coefficients = false;  // every coefficient is 1 (CPU: sum, no weights)
 };
 
 // The lowest offending positions of a ragged batch, -1 where none: the
@@ -100,26 +102,38 @@ struct EmbeddingCombineGrad<GPUDevice, T> {
 
 // Samples [b0, b1) of CombineRows: out[b] = the sum over ids i of sample b
 // of coefficient[i] * row_of(inverse[i]), each id's row prefetched a few
-// ids ahead. Compiled for AVX2 and for baseline x86-64
+// ids ahead. kDim > 0 is the rows' width known when compiled: the sample's
+// sums then stay in registers (in memory for a width known only at run
+// time, 0, which costs about twice as much per id). kUnit: every
+// coefficient is 1 (an unweighted sum), and the product is skipped (x * 1
+// is x: the same bits). Compiled for AVX2 and for baseline x86-64
 // (TFDE_VECTOR_CLONES), whichever the machine runs, without fused
 // multiply-add: each product and sum rounds as in the baseline build, so
 // the outputs are the same bits on every machine (and as the stock-TF
 // serving path's).
-template <typename T, typename Split, typename RowOf>
+template <int kDim, bool kUnit, typename T, typename Split, typename RowOf>
 TFDE_VECTOR_CLONES __attribute__((optimize("fp-contract=off"))) void CombineSamples(
     const Split* splits, int64_t b0, int64_t b1, const int32_t* inverse,
-    const float* coefficient, int64_t dim, const RowOf& row_of, T* out) {
-  std::vector<float> acc(dim);
+    const float* coefficient, int64_t runtime_dim, const RowOf& row_of, T* out) {
+  const int64_t dim = kDim > 0 ? kDim : runtime_dim;
+  // A fixed array where the width is known (registers), else the heap.
+  float fixed[kDim > 0 ? kDim : 1];
+  std::vector<float> heap(kDim > 0 ? 0 : dim);
+  float* acc = kDim > 0 ? fixed : heap.data();
   const int64_t last = splits[b1];
   for (int64_t b = b0; b < b1; ++b) {
-    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f;
     for (Split i = splits[b]; i < splits[b + 1]; ++i) {
-      if (i + kPrefetchDistance < last) {
-        PrefetchRow(row_of(inverse[i + kPrefetchDistance]), dim * sizeof(T), false);
+      if (i + kCombinePrefetchDistance < last) {
+        PrefetchRow(row_of(inverse[i + kCombinePrefetchDistance]), dim * sizeof(T), false);
       }
-      const float w = coefficient[i];
       const T* row = row_of(inverse[i]);
-      for (int64_t d = 0; d < dim; ++d) acc[d] += w * static_cast<float>(row[d]);
+      if (kUnit) {
+        for (int64_t d = 0; d < dim; ++d) acc[d] += static_cast<float>(row[d]);
+      } else {
+        const float w = coefficient[i];
+        for (int64_t d = 0; d < dim; ++d) acc[d] += w * static_cast<float>(row[d]);
+      }
     }
     T* o = out + b * dim;
     for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
@@ -127,7 +141,8 @@ TFDE_VECTOR_CLONES __attribute__((optimize("fp-contract=off"))) void CombineSamp
 }
 
 // The CPU combine loop shared by EmbeddingCombine and CombineFromTables,
-// in parallel over samples (CombineSamples).
+// in parallel over samples (CombineSamples, specialized for the common
+// widths).
 template <typename T, typename Split, typename RowOf>
 void CombineRows(OpKernelContext* ctx, const Tensor& splits_t, const Coefficients& c,
                  int64_t dim, const RowOf& row_of, T* out) {
@@ -137,9 +152,27 @@ void CombineRows(OpKernelContext* ctx, const Tensor& splits_t, const Coefficient
   const int64_t batch = splits_t.NumElements() - 1;
   const int64_t n = c.coefficient.NumElements();
   const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
-  ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
-    CombineSamples<T, Split, RowOf>(splits, b0, b1, inverse, coefficient, dim, row_of, out);
-  });
+  const auto run = [&](auto width, auto unit) {
+    ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
+      CombineSamples<decltype(width)::value, decltype(unit)::value, T, Split, RowOf>(
+          splits, b0, b1, inverse, coefficient, dim, row_of, out);
+    });
+  };
+  const auto with_width = [&](auto unit) {
+    switch (dim) {
+      case 8: return run(std::integral_constant<int, 8>(), unit);
+      case 16: return run(std::integral_constant<int, 16>(), unit);
+      case 32: return run(std::integral_constant<int, 32>(), unit);
+      case 64: return run(std::integral_constant<int, 64>(), unit);
+      case 128: return run(std::integral_constant<int, 128>(), unit);
+      default: return run(std::integral_constant<int, 0>(), unit);
+    }
+  };
+  if (c.unit_coefficients) {
+    with_width(std::true_type());
+  } else {
+    with_width(std::false_type());
+  }
 }
 
 // The checks and coefficients of a ragged batch for the op classes: runs

@@ -275,6 +275,7 @@ Status functor::CombineCoefficients<CPUDevice, Split>::operator()(
   TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->bag_of, &bag_of));
   TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->coefficient, &coefficient));
   const float* weights = weights_t.NumElements() ? weights_t.flat<float>().data() : nullptr;
+  out->unit_coefficients = weights == nullptr && combiner == Combiner::kSum;
   for (int64_t b = 0; b < batch; ++b) {
     double divisor_sq = 0.0, divisor = 0.0;
     for (Split i = splits[b]; i < splits[b + 1]; ++i) {

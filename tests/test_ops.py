@@ -423,6 +423,51 @@ def test_combine_from_tables_matches_numpy(op_backend, seed, combiner):
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
+
+def _combine_in_order(table, ids, weights, combiner):
+  """The combine as the kernels round it: per sample, each coefficient
+  (weight times the combiner's scale, in float64) rounded to float32, and
+  the products added in id order in float32, each rounded (no fused
+  multiply-add)."""
+  out = np.zeros((len(ids), table.shape[1]), np.float32)
+  for b, sample in enumerate(ids):
+    w = (np.ones(len(sample)) if weights is None else
+         np.asarray(weights[b], np.float32).astype(np.float64))
+    total, squares = 0.0, 0.0
+    for x in w:  # in order, in float64, as the kernels
+      total += x
+      squares += x * x
+    scale = {"sum": 1.0,
+             "mean": 1.0 / total if total != 0 else 0.0,
+             "sqrtn": 1.0 / np.sqrt(squares) if squares != 0 else 0.0}[combiner]
+    acc = np.zeros(table.shape[1], np.float32)
+    for i, row in enumerate(sample):
+      acc = acc + np.float32(w[i] * scale) * table[row]
+    out[b] = acc
+  return out
+
+
+@pytest.mark.parametrize("dim", [1, 8, 16, 24, 32, 64, 128, 129])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_combine_of_every_width_rounds_as_the_sequential_sum(dim, combiner, weighted):
+  """The kernels' loops for the widths they know when compiled (8 to 128,
+  sums kept in registers) and the loop of any other width give the same
+  bits as adding each sample's products in order in float32."""
+  rng = np.random.default_rng(dim)
+  tables, bases, fused = _fused_group(rng, [40, 25], dim)
+  ids, weights = random_bags(rng, batch=33, vocab=len(fused), max_hot=45,
+                             weighted=weighted)
+  flat, splits, w = combine_inputs(ids, weights)
+  want = _combine_in_order(fused, ids, weights, combiner)
+  from_tables = tfde.ops.combine_from_tables(
+      [tf.Variable(t) for t in tables], tf.constant(flat), bases,
+      tf.range(len(flat)), tf.constant(splits), w, combiner)
+  from_rows = tfde.ops.embedding_combine(tf.constant(fused[flat]), tf.range(len(flat)),
+                                         tf.constant(splits), w, combiner)
+  np.testing.assert_array_equal(from_tables.numpy(), want)
+  np.testing.assert_array_equal(from_rows.numpy(), want)
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
 def test_split_rows_by_table_matches_numpy(op_backend, seed, index_dtype):
