@@ -22,6 +22,9 @@ struct Coefficients {
   Tensor coefficient;       // [n] float
   int64_t rows_read = 0;    // max(inverse) + 1 (CPU), for scratch sizes
   bool unit_coefficients = false;  // every coefficient is 1 (CPU: sum, no weights)
+  // Set before CombineCoefficients runs: only a combine reads the result,
+  // so the CPU skips bag_of, and the coefficients too where all are 1.
+  bool combine_only = false;
 };
 
 // The lowest offending positions of a ragged batch, -1 where none: the
@@ -147,10 +150,12 @@ template <typename T, typename Split, typename RowOf>
 void CombineRows(OpKernelContext* ctx, const Tensor& splits_t, const Coefficients& c,
                  int64_t dim, const RowOf& row_of, T* out) {
   const int32_t* inverse = c.inverse;
-  const float* coefficient = c.coefficient.flat<float>().data();
+  // None where every coefficient is 1 and only the combine reads them.
+  const float* coefficient =
+      c.coefficient.NumElements() ? c.coefficient.flat<float>().data() : nullptr;
   const Split* splits = splits_t.flat<Split>().data();
   const int64_t batch = splits_t.NumElements() - 1;
-  const int64_t n = c.coefficient.NumElements();
+  const int64_t n = static_cast<int64_t>(splits[batch]);
   const int64_t cost = (batch ? n / batch + 1 : 1) * dim * 2;
   const auto run = [&](auto width, auto unit) {
     ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
@@ -104,6 +105,35 @@ inline void ParallelFor(tensorflow::OpKernelContext* ctx, int64_t total,
   if (total <= 0) return;
   auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
   workers->ParallelFor(total, cost_per_unit, fn);
+}
+
+// The smallest and largest of values[0, n) ({max, min} of T when n is 0),
+// in parallel blocks whose loops the compiler vectorizes: the kernels'
+// range checks, read-only passes over their index inputs.
+template <typename T>
+std::pair<T, T> ParallelMinMax(tensorflow::OpKernelContext* ctx, const T* values, int64_t n) {
+  constexpr int64_t kBlock = 1 << 16;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<T> lo(blocks, std::numeric_limits<T>::max());
+  std::vector<T> hi(blocks, std::numeric_limits<T>::lowest());
+  ParallelFor(ctx, blocks, kBlock, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      T smallest = std::numeric_limits<T>::max(), largest = std::numeric_limits<T>::lowest();
+      const int64_t end = std::min(n, (b + 1) * kBlock);
+      for (int64_t i = b * kBlock; i < end; ++i) {
+        smallest = std::min(smallest, values[i]);
+        largest = std::max(largest, values[i]);
+      }
+      lo[b] = smallest;
+      hi[b] = largest;
+    }
+  });
+  T smallest = std::numeric_limits<T>::max(), largest = std::numeric_limits<T>::lowest();
+  for (int64_t b = 0; b < blocks; ++b) {
+    smallest = std::min(smallest, lo[b]);
+    largest = std::max(largest, hi[b]);
+  }
+  return {smallest, largest};
 }
 
 inline int NumWorkerThreads(tensorflow::OpKernelContext* ctx) {

@@ -44,30 +44,27 @@ struct CopyBuffer;
 
 template <typename T>
 struct FindOutOfRange<CPUDevice, T> {
-  Status operator()(OpKernelContext* /*ctx*/, const Tensor& values, int64_t lo, int64_t hi,
+  Status operator()(OpKernelContext* ctx, const Tensor& values, int64_t lo, int64_t hi,
                     int64_t* first_bad) const {
     const T* v = values.flat<T>().data();
     const int64_t n = values.NumElements();
     *first_bad = -1;
-    // In blocks without an early exit, which the compiler vectorizes (the
-    // checks run on every feature of every step); the bad block, if any,
-    // is searched again for its first offender.
     const int64_t last =
         hi == std::numeric_limits<int64_t>::max() ? hi : hi - 1;  // inclusive
     const auto out_of_range = [lo, last](T x) {
       return static_cast<int64_t>(x) < lo || static_cast<int64_t>(x) > last;
     };
-    constexpr int64_t kBlock = 1024;
-    for (int64_t begin = 0; begin < n; begin += kBlock) {
-      const int64_t end = std::min(n, begin + kBlock);
-      bool any = false;
-      for (int64_t i = begin; i < end; ++i) any |= out_of_range(v[i]);
-      if (!any) continue;
-      for (int64_t i = begin; i < end; ++i) {
-        if (out_of_range(v[i])) {
-          *first_bad = i;
-          return absl::OkStatus();
-        }
+    // The bounds in parallel vectorized passes (the checks run on every
+    // feature of every step); the first offender is searched for only
+    // when there is one.
+    const auto [smallest, largest] = ParallelMinMax(ctx, v, n);
+    if (n == 0 || (!out_of_range(smallest) && !out_of_range(largest))) {
+      return absl::OkStatus();
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (out_of_range(v[i])) {
+        *first_bad = i;
+        return absl::OkStatus();
       }
     }
     return absl::OkStatus();

@@ -133,6 +133,7 @@ class EmbeddingCombineOp : public OpKernel {
     const Tensor& weights = ctx->input(3);
     OP_REQUIRES_OK(ctx, CheckCombineInputs(rows, "rows", inverse, splits, weights));
     Coefficients coefficients;
+    coefficients.combine_only = true;
     OP_REQUIRES_OK(ctx, PrepareCoefficients<Device, Split>(
                             ctx, inverse, splits, weights, rows.dim_size(0), combiner_,
                             &coefficients));
@@ -216,8 +217,9 @@ namespace {
 // The values' checks of a ragged batch (shapes were checked): the lowest
 // offending split and id, as RaggedBatchErrors describes them.
 template <typename Split, typename Index>
-void FindRaggedBatchErrors(const Split* splits, int64_t batch, const Index* inverse, int64_t n,
-                           int64_t num_rows, RaggedBatchErrors* bad, int64_t* rows_read) {
+void FindRaggedBatchErrors(OpKernelContext* ctx, const Split* splits, int64_t batch,
+                           const Index* inverse, int64_t n, int64_t num_rows,
+                           RaggedBatchErrors* bad, int64_t* rows_read) {
   if (splits[0] != 0) {
     bad->split = 0;
     return;
@@ -233,13 +235,10 @@ void FindRaggedBatchErrors(const Split* splits, int64_t batch, const Index* inve
     return;
   }
   num_rows = IndexBound(num_rows);
-  // The bounds first, in a loop the compiler vectorizes; the first
+  // The bounds first, in parallel loops the compiler vectorizes; the first
   // offender is searched for only when there is one.
-  Index smallest = std::numeric_limits<Index>::max(), largest = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    smallest = std::min(smallest, inverse[i]);
-    largest = std::max(largest, inverse[i]);
-  }
+  auto [smallest, largest] = ParallelMinMax(ctx, inverse, n);
+  if (n == 0) largest = -1;
   if (n > 0 && (smallest < 0 || largest >= num_rows)) {
     for (int64_t i = 0; i < n; ++i) {
       if (inverse[i] < 0 || inverse[i] >= num_rows) {
@@ -262,27 +261,29 @@ Status functor::CombineCoefficients<CPUDevice, Split>::operator()(
   const int64_t batch = splits_t.NumElements() - 1;
   const Split* splits = splits_t.flat<Split>().data();
   if (inverse_t.dtype() == tensorflow::DT_INT64) {
-    FindRaggedBatchErrors(splits, batch, inverse_t.flat<int64_t>().data(), n, num_rows, errors,
-                          &out->rows_read);
+    FindRaggedBatchErrors(ctx, splits, batch, inverse_t.flat<int64_t>().data(), n, num_rows,
+                          errors, &out->rows_read);
   } else {
-    FindRaggedBatchErrors(splits, batch, inverse_t.flat<int32_t>().data(), n, num_rows, errors,
-                          &out->rows_read);
+    FindRaggedBatchErrors(ctx, splits, batch, inverse_t.flat<int32_t>().data(), n, num_rows,
+                          errors, &out->rows_read);
   }
   if (errors->split >= 0 || errors->inverse >= 0) return absl::OkStatus();
   TF_RETURN_IF_ERROR(Int32View(ctx, inverse_t, &out->narrowed_inverse, &out->inverse));
-  int32_t* bag_of;
-  float* coefficient;
-  TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->bag_of, &bag_of));
-  TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->coefficient, &coefficient));
   const float* weights = weights_t.NumElements() ? weights_t.flat<float>().data() : nullptr;
   out->unit_coefficients = weights == nullptr && combiner == Combiner::kSum;
+  // A combine alone reads neither each id's sample nor coefficients of 1.
+  if (out->combine_only && out->unit_coefficients) return absl::OkStatus();
+  int32_t* bag_of = nullptr;
+  float* coefficient;
+  if (!out->combine_only) TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->bag_of, &bag_of));
+  TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->coefficient, &coefficient));
   for (int64_t b = 0; b < batch; ++b) {
     double divisor_sq = 0.0, divisor = 0.0;
     for (Split i = splits[b]; i < splits[b + 1]; ++i) {
       const double w = weights ? weights[i] : 1.0;
       divisor += w;
       divisor_sq += w * w;
-      bag_of[i] = static_cast<int32_t>(b);
+      if (bag_of) bag_of[i] = static_cast<int32_t>(b);
     }
     double scale = 1.0;
     if (combiner == Combiner::kMean) {

@@ -195,6 +195,7 @@ class CombineFromTablesOp : public OpOverTables {
     OP_REQUIRES_OK(ctx, tables.Acquire(ctx, bases_));
     OP_REQUIRES_OK(ctx, CheckRaggedInputs(inverse, splits, weights));
     Coefficients coefficients;
+    coefficients.combine_only = true;
     OP_REQUIRES_OK(ctx, PrepareCoefficients<Device, Split>(ctx, inverse, splits, weights,
                                                            rows.NumElements(), combiner_,
                                                            &coefficients));
@@ -309,6 +310,27 @@ Status functor::CombineFromTables<CPUDevice, Index, Split>::operator()(
   const Index* rows = rows_t.flat<Index>().data();
   const int64_t m = rows_t.NumElements();
   const int64_t dim = tables.dim();
+  if (tables.num_tables() == 1) {
+    // One table (a feature read from its own): its rows are checked in a
+    // pass the compiler vectorizes, and each id's row is found as it is
+    // read, where several tables need a row's table resolved first.
+    const int64_t num_rows = tables.end();
+    const auto [smallest, largest] = ParallelMinMax(ctx, rows, m);
+    if (m > 0 && (smallest < 0 || largest >= num_rows)) {
+      for (int64_t k = 0; k < m; ++k) {
+        if (rows[k] < 0 || rows[k] >= num_rows) {
+          *bad_row = k;
+          return absl::OkStatus();
+        }
+      }
+    }
+    *bad_row = -1;
+    const float* data = tables.data(0);
+    CombineRows<float, Split>(ctx, splits_t, c, dim,
+                              [data, rows, dim](int32_t k) { return data + rows[k] * dim; },
+                              out_t->flat<float>().data());
+    return absl::OkStatus();
+  }
   // Every row resolved to its table's memory first: all of `rows` must lie
   // in the group's tables, as for TfdeGatherFromTables, and the first that
   // does not is an error before any output is written.

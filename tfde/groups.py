@@ -163,6 +163,21 @@ class StaticGroup(TableGroup):
     return ops.combine_from_tables([t.shard(replica) for t in tables], requested,
                                    bases, inverse, splits, weights, combiner)
 
+  def combine_each_local(self, replica, features, combiners):
+    """The outputs of `features` at a group of one shard, as `combine_local`
+    of every id's row, but each feature read from its own table by its own
+    ids: no fused ids, one batch or split of the outputs to make (the
+    forward of one replica, which needs no dedup)."""
+    if self.num_shards != 1:
+      raise ValueError("combine_each_local reads whole tables: one shard only")
+    # One shard: each table holds all its rows, so a feature's ids are its
+    # table's local rows.
+    tables = {t.name: t for t in self._local_tables(replica)[0]}
+    return [ops.combine_from_tables(
+        [tables[f.table.name].shard(replica)], f.ids, [0],
+        ops.int32_range(tf.size(f.ids, out_type=tf.int64)), f.row_splits, f.weights, combiner)
+            for f, combiner in zip(features, combiners)]
+
   def device(self, replica):
     # A replica holding none of the group's tables (table-wise layouts)
     # updates none, but still forms gradients where its tables would be;

@@ -343,6 +343,14 @@ class ShardedLookup(tf.Module):
       # training in backward, watching them would only cost a copy.)
       for variable in group.gradient_variables(step.replica):
         tape_lib.variable_accessed(variable)
+    if step.fused and not step.deduped:
+      # One shard, every id's row read where it lies: each feature from its
+      # own table (the fused ids and batch are the backward's).
+      outputs = group.combine_each_local(step.replica, features, step.combiners)
+      for f, o in zip(features, outputs):
+        o.set_shape([f.row_splits.shape[0] - 1 if f.row_splits.shape[0] else None,
+                     group.width])
+      return outputs
     if step.fused:
       out = group.combine_local(step.replica, routed.requested, routed.answer_index,
                                 step.batch)
