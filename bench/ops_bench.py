@@ -6,6 +6,11 @@ Data (stated in the output): 4 tables of 1,000,000 x 64 float32, batch
 4096, 20 ids per sample per table, ids Zipf(1.05) folded into the
 vocabulary, sum combiner. `--quick` shrinks tables and batch for a smoke run.
 
+The peers (torch EmbeddingBag, FBGEMM TBE CPU; bench/peers_bench.py in
+their own environment) are timed in `--peer-rounds` rounds, each followed
+by tfde's forward and SGD, Adagrad and lazy-Adam steps on the same ids;
+the ratios are of the medians over the rounds.
+
 The training-step ratio against tf.nn + Keras Adam is printed twice: from
 the medians above, and as the median of `--rounds` rounds that alternate
 the two steps (5 tfde steps, then one Keras step), so that a slow spell of
@@ -196,6 +201,8 @@ def main():
   args, work = parse_args(__doc__, reps=7, extra=[
       ("--rounds", dict(type=int, default=5,
                         help="alternating rounds of the tfde and Keras Adam steps")),
+      ("--peer-rounds", dict(type=int, default=3,
+                             help="rounds of the peers alternating with tfde's timings")),
       ("--profile", dict(action="store_true",
                          help="only the per-stage split of one step, and a trace")),
       ("--no-peers", dict(action="store_true",
@@ -233,29 +240,41 @@ def main():
       if backend != tfde.ops.KERNELS:
         del lookup  # the kernels' tables stay for the interleaved rounds
 
-  # The peers' optimizers on tfde, for the ratios against FBGEMM and torch.
+  # The peers' optimizers on tfde, for the ratios against FBGEMM and torch
+  # (their tables kept for the rounds with the peers).
+  compared = {"forward": kernel_forward, "lazy Adam step": kernel_train}
   with tfde.ops.backend(tfde.ops.KERNELS):
     for name, optimizer in (("SGD", tfde.optimizers.SGD(learning_rate=0.01)),
                             ("Adagrad", tfde.optimizers.Adagrad(learning_rate=0.01))):
       lookup = tfde.lookup.ShardedLookup(with_optimizer(work.feature_configs(), optimizer))
       _, train_other = lookup_steps(lookup, inputs, loss_of)
       results[f"tfde kernels train ({name})"] = timed(train_other, args.reps)
-      del lookup
+      compared[f"{name} step"] = train_other
 
-  # The peers, in their own environment, on the same ids; tfde's forward
-  # timed again after them, so a slow spell shows as a spread.
-  peers = {}
+  # The peers, in their own environment, on the same ids, in rounds that
+  # alternate with tfde's timings of the compared steps: a slow spell of
+  # this shared machine (which has moved a peer's median fourfold between
+  # runs) then falls on both sides. Medians over the rounds.
+  peers, peer_rounds, tfde_rounds = {}, [], {name: [] for name in compared}
   if not args.no_peers:
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, "ids.npz")
       np.savez(path, tables=tables, vocab=vocab, dim=dim,
                **{f"ids_{t}": ids[t] for t in range(tables)})
-      out = run_peers("time", path, str(args.reps))
-      if out:
-        peers = json.loads(out.strip().splitlines()[-1])
+      for _ in range(args.peer_rounds):
+        out = run_peers("time", path, str(args.reps))
+        if not out:
+          break
+        peer_rounds.append(json.loads(out.strip().splitlines()[-1]))
+        with tfde.ops.backend(tfde.ops.KERNELS):
+          for name, fn in compared.items():
+            tfde_rounds[name].append(timed(fn, args.reps))
       sgd_cross_check(tmp)
-    with tfde.ops.backend(tfde.ops.KERNELS):
-      results["tfde kernels forward (after peers)"] = timed(kernel_forward, args.reps)
+    if peer_rounds:
+      peers = {name: statistics.median(r[name] for r in peer_rounds)
+               for name in peer_rounds[0]}
+      for name, ms in tfde_rounds.items():
+        results[f"tfde kernels {name}, rounds with the peers"] = statistics.median(ms)
 
   # The same step on dynamic tables (ids hashed to 64-bit keys; rows made as
   # they arrive, slots beside each row).
@@ -326,20 +345,21 @@ def main():
   print(f"  kernel train vs twin train:              "
         f"{results['tfde reference train (lazy Adam)'] / k_train:6.2f}x faster")
   if peers:
-    print("peers (same ids, same run; ratio = tfde ms / peer ms, < 1: tfde faster):")
-    fwd = min(k_fwd, results.get("tfde kernels forward (after peers)", k_fwd))
-    pairs = [("forward", fwd, "torch EmbeddingBag forward"),
-             ("forward", fwd, "FBGEMM TBE forward"),
-             ("SGD step", results["tfde kernels train (SGD)"],
-              "torch EmbeddingBag + SGD step"),
-             ("SGD step", results["tfde kernels train (SGD)"], "FBGEMM TBE EXACT_SGD step"),
-             ("Adagrad step", results["tfde kernels train (Adagrad)"],
-              "FBGEMM TBE EXACT_ROWWISE_ADAGRAD step"),
-             ("lazy Adam step", k_train, "FBGEMM TBE EXACT_ROWWISE_ADAGRAD step")]
-    for what, ours, peer in pairs:
+    print(f"peers (same ids, {len(peer_rounds)} rounds alternating with tfde's timings; "
+          "medians over the rounds; ratio = tfde ms / peer ms, < 1: tfde faster; "
+          "in brackets the lowest and highest ratio of one round):")
+    pairs = [("forward", "torch EmbeddingBag forward"),
+             ("forward", "FBGEMM TBE forward"),
+             ("SGD step", "torch EmbeddingBag + SGD step"),
+             ("SGD step", "FBGEMM TBE EXACT_SGD step"),
+             ("Adagrad step", "FBGEMM TBE EXACT_ROWWISE_ADAGRAD step"),
+             ("lazy Adam step", "FBGEMM TBE EXACT_ROWWISE_ADAGRAD step")]
+    for what, peer in pairs:
       if peer in peers:
+        ours = statistics.median(tfde_rounds[what])
+        each = [t / r[peer] for t, r in zip(tfde_rounds[what], peer_rounds)]
         print(f"  tfde {what:15s} {ours:8.1f} ms vs {peer:40s} {peers[peer]:8.1f} ms: "
-              f"{ours / peers[peer]:5.2f}")
+              f"{ours / peers[peer]:5.2f} [{min(each):.2f}, {max(each):.2f}]")
   print(f"  dynamic-table train vs tf.nn + Keras Adam: "
         f"{results['tf.nn + Keras Adam train'] / results['tfde kernels train, dynamic tables']:6.2f}x faster")
 
