@@ -7,7 +7,9 @@ Data (printed): bench/workload.py's 4 tables of 1,000,000 x 64 float32 and
 its Zipf(1.05) ids, batch 4096. Dense: 20 ids per sample per table. Ragged:
 the first n ids of each of those rows, n uniform in [1, 39] (20 on
 average). Weights: uniform in [0.5, 1.5). Each system is timed on the same
-ids (median of --reps calls after 2 warm-ups):
+ids (median of --reps calls after 2 warm-ups, in --rounds rounds of tfde's
+timings then torch's; the medians over the rounds, and each round's
+ratio range):
 
   ShardedLookup   `tfde.lookup.ShardedLookup`, training=False and True
   layer           the Keras layer `tfde.layers.DistributedEmbedding`, the same
@@ -26,6 +28,7 @@ batch, writes forward_bench_quick.png).
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 
@@ -146,23 +149,43 @@ def plot(results, torch, path):
 
 
 def main():
-  args, work = parse_args(__doc__, reps=7)
+  args, work = parse_args(__doc__, reps=7, extra=[
+      ("--rounds", dict(type=int, default=3,
+                        help="rounds of tfde's timings then torch's; medians over them"))])
   data = forms(work)
   print(f"data: {work.tables} tables of {work.vocab:,} x {work.dim} float32, batch "
         f"{work.batch}, Zipf({work.alpha}) ids; dense {work.hot} ids per sample, ragged "
         f"{np.mean([d['lengths'].mean() for d in data]):.1f} on average; TF "
         f"{tf.__version__}, {os.cpu_count()} cores; median of {args.reps}", flush=True)
+  # Rounds of tfde's timings then torch's: a slow spell of this shared
+  # machine then falls on both sides; medians over the rounds.
+  tfde_rounds, torch_rounds = [], []
   with tempfile.TemporaryDirectory() as tmp:
-    results = time_tfde(work, data, args.reps, tmp)
-    torch = time_torch(work, data, args.reps, tmp)
+    for r in range(args.rounds):
+      print(f"round {r + 1} of {args.rounds}", flush=True)
+      tfde_rounds.append(time_tfde(work, data, args.reps, tmp))
+      torch_rounds.append(time_torch(work, data, args.reps, tmp))
+  results = {variant: {system: statistics.median(r[variant][system] for r in tfde_rounds)
+                       for system in row}
+             for variant, row in tfde_rounds[0].items()}
+  torch = {variant: statistics.median(r[variant] for r in torch_rounds)
+           for variant in torch_rounds[0]} if all(torch_rounds) else {}
   systems = list(next(iter(results.values())))
+  print(f"medians of {args.rounds} rounds; ratios with, in brackets, the lowest and highest "
+        "of one round")
   print(f"{'variant':<22}" + "".join(f"{s.replace('training=', 'tr='):>24}" for s in systems) +
         f"{'torch':>8}   ratios to torch (lookup tr=False, layer tr=False, export)")
   for variant, row in results.items():
     t = torch.get(variant)
-    ratios = ", ".join(f"{row[s] / t:.2f}" if t and s in row else "-"
-                       for s in ("ShardedLookup training=False", "layer training=False",
-                                 "export"))
+
+    def ratio(system, row=row, t=t, variant=variant):
+      if not t or system not in row:
+        return "-"
+      each = [a[variant][system] / b[variant] for a, b in zip(tfde_rounds, torch_rounds)]
+      return f"{row[system] / t:.2f} [{min(each):.2f}, {max(each):.2f}]"
+
+    ratios = ", ".join(ratio(s) for s in ("ShardedLookup training=False",
+                                          "layer training=False", "export"))
     print(f"{variant:<22}" + "".join(f"{row[s]:>24.1f}" if s in row else f"{'-':>24}"
                                      for s in systems) +
           f"{t if t else float('nan'):>8.1f}   {ratios}")

@@ -148,9 +148,8 @@ def profile(work, args):
     return tfde.ops.sorted_unique_in_range(fused, group.layout.total_rows)
 
   @tf.function
-  def combine():
-    return group.combine_local(0, fused, tf.range(tf.size(fused, out_type=tf.int32)),
-                               (splits, weights, combiner))
+  def combine():  # the forward's: each feature from its own table
+    return group.combine_each_local(0, flat, ["sum"] * len(flat))
 
   unique, inverse = tfde.ops.sorted_unique_in_range(fused, group.layout.total_rows)
 
@@ -169,7 +168,7 @@ def profile(work, args):
       lookup, inputs, lambda out: tf.add_n([tf.reduce_sum(v) for v in out.values()]))
 
   stages = {"flatten + fuse ids": flatten_only, "dedup (sorted_unique_in_range)": dedup,
-            "combine from tables": combine,
+            "combine each feature from its table": combine,
             "dedup + combine from the unique rows (the old forward)": dedup_then_combine,
             "bag gradient index": bag_index,
             "forward (whole)": forward, "lazy Adam step (whole)": train}

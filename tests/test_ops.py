@@ -455,18 +455,21 @@ def test_combine_of_every_width_rounds_as_the_sequential_sum(dim, combiner, weig
   sums kept in registers) and the loop of any other width give the same
   bits as adding each sample's products in order in float32."""
   rng = np.random.default_rng(dim)
-  tables, bases, fused = _fused_group(rng, [40, 25], dim)
-  ids, weights = random_bags(rng, batch=33, vocab=len(fused), max_hot=45,
-                             weighted=weighted)
-  flat, splits, w = combine_inputs(ids, weights)
-  want = _combine_in_order(fused, ids, weights, combiner)
-  from_tables = tfde.ops.combine_from_tables(
-      [tf.Variable(t) for t in tables], tf.constant(flat), bases,
-      tf.range(len(flat)), tf.constant(splits), w, combiner)
-  from_rows = tfde.ops.embedding_combine(tf.constant(fused[flat]), tf.range(len(flat)),
-                                         tf.constant(splits), w, combiner)
-  np.testing.assert_array_equal(from_tables.numpy(), want)
-  np.testing.assert_array_equal(from_rows.numpy(), want)
+  # Two tables (each row resolved to its table first) and one (the rows
+  # found as they are read).
+  for sizes in ([40, 25], [65]):
+    tables, bases, fused = _fused_group(rng, sizes, dim)
+    ids, weights = random_bags(rng, batch=33, vocab=len(fused), max_hot=45,
+                               weighted=weighted)
+    flat, splits, w = combine_inputs(ids, weights)
+    want = _combine_in_order(fused, ids, weights, combiner)
+    from_tables = tfde.ops.combine_from_tables(
+        [tf.Variable(t) for t in tables], tf.constant(flat), bases,
+        tf.range(len(flat)), tf.constant(splits), w, combiner)
+    from_rows = tfde.ops.embedding_combine(tf.constant(fused[flat]), tf.range(len(flat)),
+                                           tf.constant(splits), w, combiner)
+    np.testing.assert_array_equal(from_tables.numpy(), want)
+    np.testing.assert_array_equal(from_rows.numpy(), want)
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])

@@ -343,9 +343,12 @@ class ShardedLookup(tf.Module):
       # training in backward, watching them would only cost a copy.)
       for variable in group.gradient_variables(step.replica):
         tape_lib.variable_accessed(variable)
-    if step.fused and not step.deduped:
-      # One shard, every id's row read where it lies: each feature from its
-      # own table (the fused ids and batch are the backward's).
+    if (step.fused and not step.deduped and
+        "GPU" not in (group.device(step.replica) or "").upper()):
+      # One shard, every id's row read where it lies: on a CPU each feature
+      # from its own table (the fused ids and batch are the backward's). A
+      # GPU's op waits on the device for its checks, so there one op
+      # serves every feature.
       outputs = group.combine_each_local(step.replica, features, step.combiners)
       for f, o in zip(features, outputs):
         o.set_shape([f.row_splits.shape[0] - 1 if f.row_splits.shape[0] else None,
