@@ -25,10 +25,12 @@ bench/results/forward_bench.png (`--quick`, which shrinks the tables and
 batch, writes forward_bench_quick.png).
 """
 
+import gc
 import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -110,7 +112,10 @@ def time_tfde(work, data, reps, export_dir):
           shutil.rmtree(path)
         print(f"  {variant}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()),
               flush=True)
-    del layer, lookup
+    # The layer's tables (and its traced functions' hold on them) go before
+    # the next combiner's: rounds would otherwise pile them up.
+    del layer, lookup, fn
+    gc.collect()
   return results
 
 
@@ -148,22 +153,42 @@ def plot(results, torch, path):
   print(f"wrote {path}")
 
 
+def run_tfde_round(work, data, args):
+  """One round of tfde's timings, written as JSON to --tfde-round: in a
+  process of its own, as one process kept the layers' memory after them."""
+  with tempfile.TemporaryDirectory() as tmp:
+    results = time_tfde(work, data, args.reps, tmp)
+  with open(args.tfde_round, "w") as f:
+    json.dump(results, f)
+
+
 def main():
   args, work = parse_args(__doc__, reps=7, extra=[
       ("--rounds", dict(type=int, default=3,
-                        help="rounds of tfde's timings then torch's; medians over them"))])
+                        help="rounds of tfde's timings then torch's; medians over them")),
+      ("--tfde-round", dict(default=None,
+                            help="(internal) time tfde once and write the results here"))])
   data = forms(work)
+  if args.tfde_round:
+    return run_tfde_round(work, data, args)
   print(f"data: {work.tables} tables of {work.vocab:,} x {work.dim} float32, batch "
         f"{work.batch}, Zipf({work.alpha}) ids; dense {work.hot} ids per sample, ragged "
         f"{np.mean([d['lengths'].mean() for d in data]):.1f} on average; TF "
         f"{tf.__version__}, {os.cpu_count()} cores; median of {args.reps}", flush=True)
   # Rounds of tfde's timings then torch's: a slow spell of this shared
   # machine then falls on both sides; medians over the rounds.
+  # Each round's tfde timings run in a process of their own
+  # (run_tfde_round), whose exit returns every table it made.
   tfde_rounds, torch_rounds = [], []
   with tempfile.TemporaryDirectory() as tmp:
     for r in range(args.rounds):
       print(f"round {r + 1} of {args.rounds}", flush=True)
-      tfde_rounds.append(time_tfde(work, data, args.reps, tmp))
+      path = os.path.join(tmp, f"tfde_round_{r}.json")
+      subprocess.run([sys.executable, os.path.abspath(__file__), "--tfde-round", path,
+                      "--reps", str(args.reps)] + (["--quick"] if args.quick else []),
+                     check=True)
+      with open(path) as f:
+        tfde_rounds.append(json.load(f))
       torch_rounds.append(time_torch(work, data, args.reps, tmp))
   results = {variant: {system: statistics.median(r[variant][system] for r in tfde_rounds)
                        for system in row}

@@ -4,6 +4,7 @@
 #define TFDE_KERNELS_COMBINE_FUNCTOR_H_
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -22,10 +23,31 @@ struct Coefficients {
   Tensor coefficient;       // [n] float
   int64_t rows_read = 0;    // max(inverse) + 1 (CPU), for scratch sizes
   bool unit_coefficients = false;  // every coefficient is 1 (CPU: sum, no weights)
-  // Set before CombineCoefficients runs: only a combine reads the result,
-  // so the CPU skips bag_of, and the coefficients too where all are 1.
+  // Set before CombineCoefficients runs: only a combine reads the result.
+  // The CPU then fills neither bag_of nor coefficient: its combine loop
+  // computes each sample's coefficients from these two as it goes.
   bool combine_only = false;
+  const float* weights = nullptr;  // CPU: the weights, or none (all 1)
+  Combiner combiner = Combiner::kSum;
 };
+
+// The combiner's scale of the sample of ids [begin, end): 1 for a sum,
+// 1 / sum(w) for a mean, 1 / sqrt(sum(w^2)) for sqrtn, 0 where that sum
+// is 0; summed in float64 in id order (weights null: every w is 1). Id i's
+// coefficient is float(w_i * scale). One definition for the CPU's
+// coefficients and its combine loop, so both round alike.
+template <typename Split>
+inline double SampleScale(const float* weights, Split begin, Split end, Combiner combiner) {
+  if (combiner == Combiner::kSum) return 1.0;
+  double divisor = 0.0, divisor_sq = 0.0;
+  for (Split i = begin; i < end; ++i) {
+    const double w = weights ? weights[i] : 1.0;
+    divisor += w;
+    divisor_sq += w * w;
+  }
+  if (combiner == Combiner::kMean) return divisor == 0.0 ? 0.0 : 1.0 / divisor;
+  return divisor_sq == 0.0 ? 0.0 : 1.0 / std::sqrt(divisor_sq);
+}
 
 // The lowest offending positions of a ragged batch, -1 where none: the
 // split b (0: row_splits[0] != 0; b: row_splits[b] < row_splits[b - 1];
@@ -104,20 +126,22 @@ struct EmbeddingCombineGrad<GPUDevice, T> {
 }  // namespace functor
 
 // Samples [b0, b1) of CombineRows: out[b] = the sum over ids i of sample b
-// of coefficient[i] * row_of(inverse[i]), each id's row prefetched a few
-// ids ahead. kDim > 0 is the rows' width known when compiled: the sample's
-// sums then stay in registers (in memory for a width known only at run
-// time, 0, which costs about twice as much per id). kUnit: every
-// coefficient is 1 (an unweighted sum), and the product is skipped (x * 1
-// is x: the same bits). Compiled for AVX2 and for baseline x86-64
-// (TFDE_VECTOR_CLONES), whichever the machine runs, without fused
-// multiply-add: each product and sum rounds as in the baseline build, so
-// the outputs are the same bits on every machine (and as the stock-TF
-// serving path's).
+// of coefficient_i * row_of(inverse[i]), coefficient_i = float(w_i *
+// SampleScale(sample b)) computed as the loop goes (no pass of its own),
+// each id's row prefetched a few ids ahead. kDim > 0 is the rows' width
+// known when compiled: the sample's sums then stay in registers (in memory
+// for a width known only at run time, 0, which costs about twice as much
+// per id). kUnit: every coefficient is 1 (an unweighted sum), and the
+// product is skipped (x * 1 is x: the same bits). Compiled for AVX2 and
+// for baseline x86-64 (TFDE_VECTOR_CLONES), whichever the machine runs,
+// without fused multiply-add: each product and sum rounds as in the
+// baseline build, so the outputs are the same bits on every machine (and
+// as the stock-TF serving path's).
 template <int kDim, bool kUnit, typename T, typename Split, typename RowOf>
 TFDE_VECTOR_CLONES __attribute__((optimize("fp-contract=off"))) void CombineSamples(
     const Split* splits, int64_t b0, int64_t b1, const int32_t* inverse,
-    const float* coefficient, int64_t runtime_dim, const RowOf& row_of, T* out) {
+    const float* weights, Combiner combiner, int64_t runtime_dim, const RowOf& row_of,
+    T* out) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   // A fixed array where the width is known (registers), else the heap.
   float fixed[kDim > 0 ? kDim : 1];
@@ -126,6 +150,7 @@ TFDE_VECTOR_CLONES __attribute__((optimize("fp-contract=off"))) void CombineSamp
   const int64_t last = splits[b1];
   for (int64_t b = b0; b < b1; ++b) {
     for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f;
+    const double scale = kUnit ? 1.0 : SampleScale(weights, splits[b], splits[b + 1], combiner);
     for (Split i = splits[b]; i < splits[b + 1]; ++i) {
       if (i + kCombinePrefetchDistance < last) {
         PrefetchRow(row_of(inverse[i + kCombinePrefetchDistance]), dim * sizeof(T), false);
@@ -134,7 +159,7 @@ TFDE_VECTOR_CLONES __attribute__((optimize("fp-contract=off"))) void CombineSamp
       if (kUnit) {
         for (int64_t d = 0; d < dim; ++d) acc[d] += static_cast<float>(row[d]);
       } else {
-        const float w = coefficient[i];
+        const float w = static_cast<float>((weights ? weights[i] : 1.0) * scale);
         for (int64_t d = 0; d < dim; ++d) acc[d] += w * static_cast<float>(row[d]);
       }
     }
@@ -143,16 +168,13 @@ TFDE_VECTOR_CLONES __attribute__((optimize("fp-contract=off"))) void CombineSamp
   }
 }
 
-// The CPU combine loop shared by EmbeddingCombine and CombineFromTables,
-// in parallel over samples (CombineSamples, specialized for the common
-// widths).
+// The CPU combine loop shared by EmbeddingCombine and CombineFromTables
+// (`c` from CombineCoefficients, for a combine only or not), in parallel
+// over samples (CombineSamples, specialized for the common widths).
 template <typename T, typename Split, typename RowOf>
 void CombineRows(OpKernelContext* ctx, const Tensor& splits_t, const Coefficients& c,
                  int64_t dim, const RowOf& row_of, T* out) {
   const int32_t* inverse = c.inverse;
-  // None where every coefficient is 1 and only the combine reads them.
-  const float* coefficient =
-      c.coefficient.NumElements() ? c.coefficient.flat<float>().data() : nullptr;
   const Split* splits = splits_t.flat<Split>().data();
   const int64_t batch = splits_t.NumElements() - 1;
   const int64_t n = static_cast<int64_t>(splits[batch]);
@@ -160,7 +182,7 @@ void CombineRows(OpKernelContext* ctx, const Tensor& splits_t, const Coefficient
   const auto run = [&](auto width, auto unit) {
     ParallelFor(ctx, batch, cost, [&](int64_t b0, int64_t b1) {
       CombineSamples<decltype(width)::value, decltype(unit)::value, T, Split, RowOf>(
-          splits, b0, b1, inverse, coefficient, dim, row_of, out);
+          splits, b0, b1, inverse, c.weights, c.combiner, dim, row_of, out);
     });
   };
   const auto with_width = [&](auto unit) {

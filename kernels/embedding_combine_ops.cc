@@ -270,28 +270,20 @@ Status functor::CombineCoefficients<CPUDevice, Split>::operator()(
   if (errors->split >= 0 || errors->inverse >= 0) return absl::OkStatus();
   TF_RETURN_IF_ERROR(Int32View(ctx, inverse_t, &out->narrowed_inverse, &out->inverse));
   const float* weights = weights_t.NumElements() ? weights_t.flat<float>().data() : nullptr;
+  out->weights = weights;
+  out->combiner = combiner;
   out->unit_coefficients = weights == nullptr && combiner == Combiner::kSum;
-  // A combine alone reads neither each id's sample nor coefficients of 1.
-  if (out->combine_only && out->unit_coefficients) return absl::OkStatus();
-  int32_t* bag_of = nullptr;
+  // A combine alone computes each sample's coefficients as it reads them
+  // (CombineSamples), in parallel, and never reads an id's sample.
+  if (out->combine_only) return absl::OkStatus();
+  int32_t* bag_of;
   float* coefficient;
-  if (!out->combine_only) TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->bag_of, &bag_of));
+  TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->bag_of, &bag_of));
   TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &out->coefficient, &coefficient));
   for (int64_t b = 0; b < batch; ++b) {
-    double divisor_sq = 0.0, divisor = 0.0;
+    const double scale = SampleScale(weights, splits[b], splits[b + 1], combiner);
     for (Split i = splits[b]; i < splits[b + 1]; ++i) {
-      const double w = weights ? weights[i] : 1.0;
-      divisor += w;
-      divisor_sq += w * w;
-      if (bag_of) bag_of[i] = static_cast<int32_t>(b);
-    }
-    double scale = 1.0;
-    if (combiner == Combiner::kMean) {
-      scale = divisor == 0.0 ? 0.0 : 1.0 / divisor;
-    } else if (combiner == Combiner::kSqrtn) {
-      scale = divisor_sq == 0.0 ? 0.0 : 1.0 / std::sqrt(divisor_sq);
-    }
-    for (Split i = splits[b]; i < splits[b + 1]; ++i) {
+      bag_of[i] = static_cast<int32_t>(b);
       coefficient[i] = static_cast<float>((weights ? weights[i] : 1.0) * scale);
     }
   }
