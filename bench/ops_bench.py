@@ -82,18 +82,25 @@ def with_optimizer(configs, optimizer):
           for k, f in configs.items()}
 
 
-def sgd_cross_check(tmp):
-  """tfde's step-1 SGD deltas of the touched rows against torch's and
-  FBGEMM's, from the same tables, ids, output gradients and learning rate
-  (small tables: the check is of the computation, not its speed)."""
-  vocab, dim, batch, hot, num, lr = 1000, 8, 64, 5, 2, 0.1
+def step_cross_check(tmp, optimizer):
+  """tfde's step-1 deltas of the touched rows against the peers' (torch;
+  FBGEMM for SGD, its CPU TBE having no Adam), from the same tables, ids,
+  output gradients and learning rate, for "sgd" or lazy "adam" (small
+  tables: the check is of the computation, not its speed). Prints and
+  returns {peer: (touched rows, max |delta difference|, largest |delta|)},
+  or None where the peers' environment is missing."""
+  vocab, dim, batch, hot, num = 1000, 8, 64, 5, 2
+  lr = 0.1 if optimizer == "sgd" else 0.01
+  beta_1, beta_2, epsilon = 0.9, 0.999, 1e-7
   rng = np.random.default_rng(3)
   ids = [((rng.zipf(1.05, (batch, hot)) - 1) % vocab).astype(np.int64) for _ in range(num)]
   targets = [rng.normal(size=(batch, dim)).astype(np.float32) for _ in range(num)]
+  ours = (tfde.optimizers.SGD(learning_rate=lr) if optimizer == "sgd" else
+          tfde.optimizers.Adam(learning_rate=lr, beta_1=beta_1, beta_2=beta_2,
+                               epsilon=epsilon))
   configs = {f"f{t}": tfde.FeatureConfig(name=f"f{t}", table=tfde.TableConfig(
       name=f"t{t}", vocabulary_size=vocab, embedding_dim=dim,
-      optimizer=tfde.optimizers.SGD(learning_rate=lr), combiner="sum",
-      initializer="uniform", seed=t)) for t in range(num)}
+      optimizer=ours, combiner="sum", initializer="uniform", seed=t)) for t in range(num)}
   lookup = tfde.lookup.ShardedLookup(configs)
   before = lookup.table_values()
   with tf.GradientTape() as tape:
@@ -102,29 +109,37 @@ def sgd_cross_check(tmp):
   tape.gradient(loss, lookup.trainable_variables)
   after = lookup.table_values()
   case, result = os.path.join(tmp, "case.npz"), os.path.join(tmp, "after.npz")
-  np.savez(case, tables=num, lr=lr,
+  np.savez(case, tables=num, lr=lr, optimizer=optimizer, beta_1=beta_1, beta_2=beta_2,
+           epsilon=epsilon,
            **{f"table_{t}": before[f"t{t}"] for t in range(num)},
            **{f"ids_{t}": ids[t] for t in range(num)},
            **{f"target_{t}": targets[t] for t in range(num)})
-  if run_peers("sgd_step", case, result) is None:
-    return
+  if run_peers("step", case, result) is None:
+    return None
   peers = np.load(result)
+  label = "SGD" if optimizer == "sgd" else "lazy Adam"
+  found = {}
   for peer in ("torch", "fbgemm"):
     if f"{peer}_0" not in peers:
-      print(f"SGD step-1 cross-check vs {peer}: skipped (not installed)")
+      print(f"{label} step-1 cross-check vs {peer}: skipped "
+            f"({'no Adam on its CPU' if optimizer == 'adam' and peer == 'fbgemm' else 'not installed'})")
       continue
-    worst, rows = 0.0, 0
+    worst, largest, rows = 0.0, 0.0, 0
     for t in range(num):
       touched = np.unique(ids[t])
-      ours = (after[f"t{t}"] - before[f"t{t}"])[touched]
+      delta = (after[f"t{t}"] - before[f"t{t}"])[touched]
       theirs = (peers[f"{peer}_{t}"] - before[f"t{t}"])[touched]
-      worst = max(worst, float(np.max(np.abs(ours - theirs))))
+      worst = max(worst, float(np.max(np.abs(delta - theirs))))
+      largest = max(largest, float(np.max(np.abs(theirs))))
       untouched = np.setdiff1d(np.arange(vocab), touched)
       assert np.array_equal(after[f"t{t}"][untouched], before[f"t{t}"][untouched])
+      assert np.array_equal(peers[f"{peer}_{t}"][untouched], before[f"t{t}"][untouched])
       rows += len(touched)
     status = "agree" if worst <= 1e-5 else "DIFFER"
-    print(f"SGD step-1 cross-check vs {peer}: {rows} touched rows, max |delta "
-          f"difference| {worst:.2e} ({status})")
+    print(f"{label} step-1 cross-check vs {peer}: {rows} touched rows, max |delta "
+          f"difference| {worst:.2e} (largest |delta| {largest:.2e}; {status})")
+    found[peer] = (rows, worst, largest)
+  return found
 
 
 def profile(work, args):
@@ -268,7 +283,8 @@ def main():
         with tfde.ops.backend(tfde.ops.KERNELS):
           for name, fn in compared.items():
             tfde_rounds[name].append(timed(fn, args.reps))
-      sgd_cross_check(tmp)
+      step_cross_check(tmp, "sgd")
+      step_cross_check(tmp, "adam")
     if peer_rounds:
       peers = {name: statistics.median(r[name] for r in peer_rounds)
                for name in peer_rounds[0]}

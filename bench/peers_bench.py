@@ -6,9 +6,11 @@ environment (`make peers-env`, which ops_bench.py runs this script in).
   peers_bench.py variants FORMS.npz REPS -> JSON {variant: torch median ms}
       torch's forward for each combiner (sum, mean, sqrtn), with and
       without per-id weights, on dense and ragged ids (bench/forward_bench.py)
-  peers_bench.py sgd_step CASE.npz OUT.npz
-      one SGD step (sum combiner, loss = sum(outputs * targets)) from the
-      tables in CASE.npz; writes each peer's tables after it to OUT.npz.
+  peers_bench.py step CASE.npz OUT.npz
+      one optimizer step (sum combiner, loss = sum(outputs * targets)) from
+      the tables in CASE.npz: SGD (torch optim.SGD, FBGEMM EXACT_SGD) or
+      lazy Adam (torch optim.SparseAdam; FBGEMM's CPU TBE has no Adam);
+      writes each peer's tables after it to OUT.npz.
 
 IDS.npz holds `ids_0..ids_{T-1}` ([batch, hot] int64) and `vocab`, `dim`.
 Only numpy, torch and (optionally) fbgemm_gpu are imported.
@@ -190,23 +192,33 @@ def time_variants(path, reps):
   return results
 
 
-def sgd_step(case_path, out_path):
-  """One SGD step of each peer from the tables in `case_path`."""
+def optimizer_step(case_path, out_path):
+  """One step of each peer's optimizer (the case's "optimizer": "sgd" or
+  "adam", lazy) from the tables in `case_path`."""
   data = np.load(case_path)
   num_tables, lr = int(data["tables"]), float(data["lr"])
+  optimizer = str(data["optimizer"])
   init = [data[f"table_{t}"] for t in range(num_tables)]
   ids = [data[f"ids_{t}"] for t in range(num_tables)]
   targets = [torch.from_numpy(data[f"target_{t}"]) for t in range(num_tables)]
   out = {}
   bags = [torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(w.copy()), freeze=False,
                                                 mode="sum", sparse=True) for w in init]
-  opt = torch.optim.SGD([b.weight for b in bags], lr=lr)
+  weights = [b.weight for b in bags]
+  if optimizer == "adam":
+    # SparseAdam is lazy Adam: m, v and the row move for the rows a batch
+    # touches, epsilon added to sqrt(v) after bias correction, as tfde's.
+    opt = torch.optim.SparseAdam(weights, lr=lr, betas=(float(data["beta_1"]),
+                                                          float(data["beta_2"])),
+                                 eps=float(data["epsilon"]))
+  else:
+    opt = torch.optim.SGD(weights, lr=lr)
   loss = sum((b(torch.from_numpy(x)) * y).sum() for b, x, y in zip(bags, ids, targets))
   loss.backward()
   opt.step()
   for t, b in enumerate(bags):
     out[f"torch_{t}"] = b.weight.detach().numpy()
-  fb = _fbgemm()
+  fb = _fbgemm() if optimizer == "sgd" else None
   if fb is not None:
     vocab, dim = init[0].shape
     tbe = _tbe(fb, num_tables, vocab, dim, "sgd", lr)
@@ -225,5 +237,7 @@ if __name__ == "__main__":
     print(json.dumps(time_peers(sys.argv[2], int(sys.argv[3]))))
   elif sys.argv[1] == "variants":
     print(json.dumps(time_variants(sys.argv[2], int(sys.argv[3]))))
+  elif sys.argv[1] == "step":
+    optimizer_step(sys.argv[2], sys.argv[3])
   else:
-    sgd_step(sys.argv[2], sys.argv[3])
+    sys.exit(f"unknown mode {sys.argv[1]!r}: time, variants or step")
