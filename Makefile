@@ -237,7 +237,7 @@ $(PEERS_VENV)/.ready:
 	touch $@
 peers-env: $(PEERS_VENV)/.ready
 
-bench: ops peers-env
+bench: ops peers-env hvd-env
 	TFDE_PEERS_PYTHON=$(PEERS_VENV)/bin/python $(PY) bench/ops_bench.py
 	TFDE_PEERS_PYTHON=$(PEERS_VENV)/bin/python $(PY) bench/forward_bench.py
 	$(PY) bench/sharded_bench.py

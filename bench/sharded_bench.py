@@ -5,6 +5,12 @@ Data (printed): 4 tables of 1,000,000 x 64 float32 with lazy Adam, global
 batch 4096 split over the replicas, 20 ids per sample per table, Zipf(1.05),
 sum combiner.
 
+Then the same global batch on 2 worker processes of this machine (one
+replica each): MultiWorkerMirroredStrategy (TF_CONFIG on 127.0.0.1) and
+Horovod (`horovodrun -np 2 --gloo` in the Horovod environment, `make
+hvd-env`, with tfde as installed there; skipped, and said so, where that
+environment is missing); `--no-processes` leaves them out.
+
 Reports per N: training step time (median), bytes exchanged per step as
 counted by the communicator (ids out, rows back, gradients out, sent to
 another replica), the bytes the same step would exchange without dedup
@@ -14,8 +20,13 @@ bench/results/sharded_bench.png (step time and bytes per N, rows served
 per shard). `--quick` shrinks the tables and batch.
 """
 
+import json
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -23,9 +34,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 MAX_REPLICAS = 4
-_cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(
-    _cpu, [tf.config.LogicalDeviceConfiguration()] * MAX_REPLICAS)
+# A worker process (--worker) is one replica on its own CPU.
+if "--worker" not in sys.argv:
+  _cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(
+      _cpu, [tf.config.LogicalDeviceConfiguration()] * MAX_REPLICAS)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tfde  # noqa: E402
@@ -35,7 +48,7 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def run(num_replicas, work, ids, reps):
-  tables, dim, batch = work.tables, work.dim, work.batch
+  tables, batch = work.tables, work.batch
   per = batch // num_replicas
   strategy = tf.distribute.MirroredStrategy(
       [f"/cpu:{i}" for i in range(num_replicas)])
@@ -63,20 +76,113 @@ def run(num_replicas, work, ids, reps):
   bytes_per_step = lookup.comm.bytes_sent()
   ms = timed(lambda: step(inputs), reps, warmup=0)
 
-  # Without dedup: every id occurrence on a replica whose owner is another
-  # replica travels on its own (id out, row back, gradient out).
-  no_dedup = 0
-  served = np.zeros(num_replicas)
-  for t in range(tables):
-    for r in range(num_replicas):
-      local = ids[t][r * per:(r + 1) * per].ravel()
-      owner = local % num_replicas
-      no_dedup += int(np.sum(owner != r)) * (8 + 2 * dim * 4)
-      served += np.bincount(np.unique(local) % num_replicas, minlength=num_replicas)
+  no_dedup, served = no_dedup_bytes(work, ids, num_replicas)
   rows_held = [int(s.shape[0]) for s in lookup.tables["t0"].local_variables()]
   return dict(n=num_replicas, ms=ms,
               bytes=bytes_per_step, no_dedup=no_dedup, served=served.tolist(),
               rows_held=rows_held)
+
+
+def no_dedup_bytes(work, ids, num_replicas):
+  """Bytes the step would exchange without dedup: every id occurrence on a
+  replica whose owner is another replica travels on its own (id out, row
+  back, gradient out); and the unique rows each shard serves."""
+  per = work.batch // num_replicas
+  total, served = 0, np.zeros(num_replicas)
+  for t in range(work.tables):
+    for r in range(num_replicas):
+      local = ids[t][r * per:(r + 1) * per].ravel()
+      owner = local % num_replicas
+      total += int(np.sum(owner != r)) * (8 + 2 * work.dim * 4)
+      served += np.bincount(np.unique(local) % num_replicas, minlength=num_replicas)
+  return total, served
+
+
+def worker_main(args, work, ids):
+  """One worker process of `run_processes`: its replica's share of the
+  global batch, timed in step with the other worker; writes its step time
+  and the bytes it sent to --worker-out."""
+  if args.worker == "mwms":
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank, n = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
+  else:
+    import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
+    hvd.init()
+    strategy, rank, n = tf.distribute.get_strategy(), hvd.rank(), hvd.size()
+  with strategy.scope():
+    lookup = tfde.lookup.ShardedLookup(work.feature_configs())
+  per = work.batch // n
+  inputs = {f"f{t}": tf.constant(ids[t][rank * per:(rank + 1) * per])
+            for t in range(work.tables)}
+
+  @tf.function
+  def step(inputs):
+    def replica_step(inputs):
+      with tf.GradientTape() as tape:
+        out = lookup(inputs)
+        loss = tf.add_n([tf.reduce_sum(o) for o in out.values()])
+      tape.gradient(loss, lookup.trainable_variables)
+    strategy.run(replica_step, args=(inputs,))
+
+  step(inputs)
+  lookup.comm.reset_bytes_sent()
+  step(inputs)
+  sent = lookup.comm.bytes_sent()
+  ms = timed(lambda: step(inputs), args.reps, warmup=1)
+  with open(os.path.join(args.worker_out, f"worker_{rank}.json"), "w") as f:
+    json.dump(dict(ms=ms, bytes=sent, n=n), f)
+
+
+def run_processes(mode, args, work, ids):
+  """2 worker processes under `mode` ("mwms" or "horovod"): dict(n, ms:
+  worker 0's median step, bytes: both workers' sent bytes a step), or a
+  string saying why it did not run."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  out = tempfile.mkdtemp()
+  try:
+    argv_tail = ["--worker", mode, "--worker-out", out, "--reps", str(args.reps)] + (
+        ["--quick"] if args.quick else [])
+    if mode == "mwms":
+      sockets = [socket.socket() for _ in range(2)]
+      for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+      cluster = {"worker": [f"127.0.0.1:{sock.getsockname()[1]}" for sock in sockets]}
+      for sock in sockets:
+        sock.close()
+      procs = [subprocess.Popen(
+          [sys.executable, os.path.abspath(__file__)] + argv_tail,
+          env=dict(os.environ, TF_CONFIG=json.dumps(
+              {"cluster": cluster, "task": {"type": "worker", "index": i}})))
+               for i in range(2)]
+      codes = [p.wait(timeout=1800) for p in procs]
+    else:
+      venv = os.environ.get("TFDE_HOROVOD_VENV",
+                            os.path.join(os.path.dirname(here), ".venv-hvd"))
+      horovodrun = os.path.join(venv, "bin", "horovodrun")
+      if not os.path.exists(horovodrun):
+        return f"no {horovodrun} (make hvd-env)"
+      # The script and its workload from a directory of their own, so the
+      # workers import tfde as installed in that environment (built for
+      # its TensorFlow), not this tree's.
+      copy = os.path.join(out, "bench")
+      os.makedirs(copy)
+      for name in ("sharded_bench.py", "workload.py"):
+        shutil.copy(os.path.join(here, name), copy)
+      env = dict(os.environ, PATH=os.path.join(venv, "bin") + os.pathsep + os.environ["PATH"])
+      env.pop("PYTHONPATH", None)
+      codes = [subprocess.run(
+          [horovodrun, "-np", "2", "--gloo", "-H", "localhost:2",
+           os.path.join(venv, "bin", "python"), os.path.join(copy, "sharded_bench.py")]
+          + argv_tail, env=env, cwd=out, timeout=1800, check=False).returncode]
+    if any(codes):
+      return f"a worker failed: exit codes {codes}"
+    workers = []
+    for i in range(2):
+      with open(os.path.join(out, f"worker_{i}.json")) as f:
+        workers.append(json.load(f))
+    return dict(n=2, ms=workers[0]["ms"], bytes=sum(w["bytes"] for w in workers))
+  finally:
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def plot(results, path):
@@ -108,8 +214,16 @@ def plot(results, path):
 
 
 def main():
-  args, work = parse_args(__doc__, reps=5)
+  args, work = parse_args(__doc__, reps=5, extra=[
+      ("--no-processes", dict(action="store_true",
+                              help="leave out the 2-worker-process runs")),
+      ("--worker", dict(default=None, choices=["mwms", "horovod"],
+                        help="(internal) one worker process of that runtime")),
+      ("--worker-out", dict(default=None, help="(internal) where a worker writes"))])
   ids = work.ids(seed=0)
+  if args.worker:
+    worker_main(args, work, ids)
+    return
   print(f"data: {work.describe()} (global batch, split over the replicas); "
         f"TF {tf.__version__}, {os.cpu_count()} cores, replicas are logical "
         f"CPU devices of one process; median of {args.reps}")
@@ -123,6 +237,17 @@ def main():
           f"{r['no_dedup'] / max(r['bytes'], 1):5.1f}x more) | rows held per shard "
           f"{r['rows_held']} | rows served per shard {[int(x) for x in r['served']]} "
           f"(max/mean {balance:.2f})")
+  if not args.no_processes:
+    one = results[0]["ms"]
+    no_dedup, _ = no_dedup_bytes(work, ids, 2)
+    for mode, label in (("mwms", "MultiWorkerMirroredStrategy"), ("horovod", "Horovod (Gloo)")):
+      r = run_processes(mode, args, work, ids)
+      if isinstance(r, str):
+        print(f"2 processes, {label}: skipped: {r}")
+        continue
+      print(f"2 processes, {label}: step {r['ms']:7.1f} ms ({r['ms'] / one:.2f}x the "
+            f"one-replica step) | exchanged {r['bytes'] / 1e6:6.2f} MB/step (no dedup "
+            f"{no_dedup / 1e6:6.2f} MB, {no_dedup / max(r['bytes'], 1):5.1f}x more)")
   plot(results, os.path.join(RESULTS, "sharded_bench.png"))
 
 
