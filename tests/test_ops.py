@@ -535,3 +535,20 @@ def test_the_gpu_forms_of_update_gradients_and_row_splits_match_numpy():
     mine = np.flatnonzero((rows >= bounds[t]) & (rows < bounds[t + 1]))
     np.testing.assert_array_equal(positions.numpy(), mine)
     np.testing.assert_array_equal(local.numpy(), rows[mine] - bounds[t])
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_sum_rows_by_index_matches_numpy(op_backend, seed, index_dtype):
+  """The owners' gradient sum (`tf.math.unsorted_segment_sum` of rows):
+  each output row the sum of the rows its index names, in order, and 0
+  where none does; bit for bit, as numpy adds them one at a time."""
+  rng = np.random.default_rng(seed)
+  n, num = [0, 1, 300, 5000][seed], [3, 1, 50, 700][seed]
+  rows = rng.normal(size=(n, 16)).astype(np.float32)
+  index = rng.integers(0, max(num - 2, 1), size=n).astype(index_dtype)
+  want = np.zeros((num, 16), np.float32)
+  for i in range(n):
+    want[index[i]] += rows[i]
+  got = tfde.ops.sum_rows_by_index(tf.constant(rows), tf.constant(index), num)
+  np.testing.assert_array_equal(got.numpy(), want)

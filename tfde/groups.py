@@ -110,8 +110,7 @@ class TableGroup:
       every_row = comm.all_gather(owned)
       every_grad = comm.all_gather(summed)
       owned, owned_inverse, _ = ops.unique_with_counts(every_row)
-      summed = tf.math.unsorted_segment_sum(every_grad, owned_inverse,
-                                            tf.size(owned))
+      summed = ops.sum_rows_by_index(every_grad, owned_inverse, tf.size(owned))
     return owned, summed
 
 

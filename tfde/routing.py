@@ -80,4 +80,4 @@ def gradients_to_owners(comm, answer_grad, routed):
   owner_grad = comm.all_to_all(answer_grad, routed.plan)
   # Several replicas may have asked for the same row.
   owned, owned_inverse, _ = ops.unique_with_counts(routed.requested)
-  return owned, tf.math.unsorted_segment_sum(owner_grad, owned_inverse, tf.size(owned))
+  return owned, ops.sum_rows_by_index(owner_grad, owned_inverse, tf.size(owned))

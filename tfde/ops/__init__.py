@@ -168,6 +168,23 @@ def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
                                         num_unique, combiner)
 
 
+def sum_rows_by_index(rows, index, num_rows):
+  """out[k] = the sum of rows[i] over the i with index[i] == k, added in
+  order of i; rows no index names are 0. `tf.math.unsorted_segment_sum`
+  of float32 [n, dim] rows, on the combine gradient's kernels (each row a
+  sample of its own), which sum in parallel where TensorFlow's CPU kernel
+  adds one row at a time.
+
+  >>> import tensorflow as tf
+  >>> out = sum_rows_by_index(tf.constant([[1.0], [2.0], [4.0]]),
+  ...                         tf.constant([1, 0, 1]), 3)
+  >>> out.numpy().ravel().tolist()
+  [2.0, 5.0, 0.0]
+  """
+  return embedding_combine_grad(
+      rows, index, tf.range(tf.shape(rows, out_type=tf.int64)[0] + 1), None, num_rows, "sum")
+
+
 def split_rows_by_table(rows, bases, device=None):
   """Per table of a fused row space (table t from bases[t]): (its rows,
   local to the table, and their positions in `rows`). `device`: where the
