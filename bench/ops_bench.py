@@ -9,7 +9,7 @@ vocabulary, sum combiner. `--quick` shrinks tables and batch for a smoke run.
 The peers (torch EmbeddingBag, FBGEMM TBE CPU; bench/peers_bench.py in
 their own environment) are timed in `--peer-rounds` rounds, each followed
 by tfde's forward and SGD, Adagrad and lazy-Adam steps on the same ids;
-the ratios are of the medians over the rounds. Before that, tfde's first
+the ratios are of the medians over the rounds. After them, tfde's first
 SGD and lazy-Adam steps are cross-checked against theirs from the same
 tables (`step_cross_check`; tests/test_peers.py holds it in make test).
 
