@@ -47,6 +47,26 @@ from workload import parse_args, timed  # noqa: E402  (bench/ is the script's di
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+def time_steps(strategy, lookup, inputs, reps):
+  """(median ms, bytes this process sent) of a lazy-Adam training step of
+  `lookup` on `inputs` under `strategy` (the tables' optimizers run in the
+  backward); every process of a multi-process run calls it in step."""
+  @tf.function
+  def step(inputs):
+    def replica_step(inputs):
+      with tf.GradientTape() as tape:
+        out = lookup(inputs)
+        loss = tf.add_n([tf.reduce_sum(o) for o in out.values()])
+      tape.gradient(loss, lookup.trainable_variables)
+    strategy.run(replica_step, args=(inputs,))
+
+  step(inputs)
+  lookup.comm.reset_bytes_sent()
+  step(inputs)
+  sent = lookup.comm.bytes_sent()
+  return timed(lambda: step(inputs), reps, warmup=0), sent
+
+
 def run(num_replicas, work, ids, reps):
   tables, batch = work.tables, work.batch
   per = batch // num_replicas
@@ -61,20 +81,7 @@ def run(num_replicas, work, ids, reps):
 
   inputs = strategy.experimental_distribute_values_from_function(replica_slice)
 
-  @tf.function
-  def step(inputs):
-    def replica_step(inputs):
-      with tf.GradientTape() as tape:
-        out = lookup(inputs)
-        loss = tf.add_n([tf.reduce_sum(o) for o in out.values()])
-      tape.gradient(loss, lookup.trainable_variables)
-    strategy.run(replica_step, args=(inputs,))
-
-  step(inputs)
-  lookup.comm.reset_bytes_sent()
-  step(inputs)
-  bytes_per_step = lookup.comm.bytes_sent()
-  ms = timed(lambda: step(inputs), reps, warmup=0)
+  ms, bytes_per_step = time_steps(strategy, lookup, inputs, reps)
 
   no_dedup, served = no_dedup_bytes(work, ids, num_replicas)
   rows_held = [int(s.shape[0]) for s in lookup.tables["t0"].local_variables()]
@@ -115,20 +122,7 @@ def worker_main(args, work, ids):
   inputs = {f"f{t}": tf.constant(ids[t][rank * per:(rank + 1) * per])
             for t in range(work.tables)}
 
-  @tf.function
-  def step(inputs):
-    def replica_step(inputs):
-      with tf.GradientTape() as tape:
-        out = lookup(inputs)
-        loss = tf.add_n([tf.reduce_sum(o) for o in out.values()])
-      tape.gradient(loss, lookup.trainable_variables)
-    strategy.run(replica_step, args=(inputs,))
-
-  step(inputs)
-  lookup.comm.reset_bytes_sent()
-  step(inputs)
-  sent = lookup.comm.bytes_sent()
-  ms = timed(lambda: step(inputs), args.reps, warmup=1)
+  ms, sent = time_steps(strategy, lookup, inputs, args.reps)
   with open(os.path.join(args.worker_out, f"worker_{rank}.json"), "w") as f:
     json.dump(dict(ms=ms, bytes=sent, n=n), f)
 
