@@ -170,7 +170,8 @@ docs: $(DOCS_VENV)/.ready
 # 2-process MultiWorkerMirroredStrategy, and horovodrun in the TF 2.18 env;
 # then the TF 2.15 lane (tf.estimator, the graph-mode path).
 test: ops hvd-env docs wheel-test tf215-env $(KERAS3_LANES:%=tf%-env) peers-env
-	TFDE_REQUIRE_HOROVOD=1 TFDE_PEER_TESTS=1 TFDE_REQUIRE_PEERS=1 $(PY) -m pytest tests tfde tfde_cli.py --doctest-modules -q -p no:cacheprovider \
+	TFDE_REQUIRE_HOROVOD=1 TFDE_PEER_TESTS=1 TFDE_REQUIRE_PEERS=1 \
+	TFDE_PEERS_PYTHON=$(PEERS_VENV)/bin/python $(PY) -m pytest tests tfde tfde_cli.py --doctest-modules -q -p no:cacheprovider \
 	    --timeout=900 --durations=10 $(PYTEST_ARGS)
 	$(MAKE) test-tf215
 	$(MAKE) $(KERAS3_LANES:%=test-tf%)

@@ -23,10 +23,12 @@ per shard). `--quick` shrinks the tables and batch.
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -127,6 +129,32 @@ def worker_main(args, work, ids):
     json.dump(dict(ms=ms, bytes=sent, n=n), f)
 
 
+def wait_all(procs, timeout=1800):
+  """The exit codes of `procs` (each in a session of its own, or a plain
+  worker), waiting at most `timeout` seconds in all; when one fails or
+  time runs out, the rest (and their process groups) are killed rather
+  than left waiting on a dead peer."""
+  deadline = time.monotonic() + timeout
+  codes = [None] * len(procs)
+  try:
+    while None in codes and time.monotonic() < deadline:
+      for i, p in enumerate(procs):
+        codes[i] = p.poll()
+      if any(c not in (None, 0) for c in codes):
+        break
+      time.sleep(0.5)
+  finally:
+    for i, p in enumerate(procs):
+      if p.poll() is None:
+        try:
+          os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+          p.kill()
+        p.wait()
+        codes[i] = "killed"
+  return codes
+
+
 def run_processes(mode, args, work, ids):
   """2 worker processes under `mode` ("mwms" or "horovod"): dict(n, ms:
   worker 0's median step, bytes: both workers' sent bytes a step), or a
@@ -148,7 +176,7 @@ def run_processes(mode, args, work, ids):
           env=dict(os.environ, TF_CONFIG=json.dumps(
               {"cluster": cluster, "task": {"type": "worker", "index": i}})))
                for i in range(2)]
-      codes = [p.wait(timeout=1800) for p in procs]
+      codes = wait_all(procs)
     else:
       venv = os.environ.get("TFDE_HOROVOD_VENV",
                             os.path.join(os.path.dirname(here), ".venv-hvd"))
@@ -164,10 +192,11 @@ def run_processes(mode, args, work, ids):
         shutil.copy(os.path.join(here, name), copy)
       env = dict(os.environ, PATH=os.path.join(venv, "bin") + os.pathsep + os.environ["PATH"])
       env.pop("PYTHONPATH", None)
-      codes = [subprocess.run(
+      # A session of its own: horovodrun and the ranks it starts go together.
+      codes = wait_all([subprocess.Popen(
           [horovodrun, "-np", "2", "--gloo", "-H", "localhost:2",
            os.path.join(venv, "bin", "python"), os.path.join(copy, "sharded_bench.py")]
-          + argv_tail, env=env, cwd=out, timeout=1800, check=False).returncode]
+          + argv_tail, env=env, cwd=out, start_new_session=True)])
     if any(codes):
       return f"a worker failed: exit codes {codes}"
     workers = []

@@ -101,16 +101,17 @@ class TableGroup:
     """id(gradient variable) -> its IndexedSlices gradient (SOK style)."""
     raise NotImplementedError
 
-  def owned_gradients(self, comm, answer_grad, routed):
+  def owned_gradients(self, comm, answer_grad, routed, device=None):
     """(rows this replica owns, their gradients summed over every replica
-    that read them). A replicated group applies the same update on every
-    copy: the gradients of all replicas, summed per row in replica order."""
-    owned, summed = routing.gradients_to_owners(comm, answer_grad, routed)
+    that read them; `device`: where they live, if known). A replicated
+    group applies the same update on every copy: the gradients of all
+    replicas, summed per row in replica order."""
+    owned, summed = routing.gradients_to_owners(comm, answer_grad, routed, device)
     if self.replicated and comm.num_replicas > 1:
       every_row = comm.all_gather(owned)
       every_grad = comm.all_gather(summed)
       owned, owned_inverse, _ = ops.unique_with_counts(every_row)
-      summed = ops.sum_rows_by_index(every_grad, owned_inverse, tf.size(owned))
+      summed = ops.sum_rows_by_index(every_grad, owned_inverse, tf.size(owned), device)
     return owned, summed
 
 

@@ -343,8 +343,7 @@ class ShardedLookup(tf.Module):
       # training in backward, watching them would only cost a copy.)
       for variable in group.gradient_variables(step.replica):
         tape_lib.variable_accessed(variable)
-    if (step.fused and not step.deduped and
-        "GPU" not in (group.device(step.replica) or "").upper()):
+    if step.fused and not step.deduped and ops.types.on_cpu(group.device(step.replica)):
       # One shard, every id's row read where it lies: on a CPU each feature
       # from its own table (the fused ids and batch are the backward's). A
       # GPU's op waits on the device for its checks, so there one op
@@ -436,7 +435,8 @@ class ShardedLookup(tf.Module):
     if step.raw_rows is not None:
       answer_grad = ops.renormalize_rows_grad(step.raw_rows, answer_grad,
                                               step.row_max_norm)
-    return group.owned_gradients(self.comm, answer_grad, step.routed)
+    return group.owned_gradients(self.comm, answer_grad, step.routed,
+                                 group.device(step.replica))
 
   def _rows_backward(self, steps, grads, trigger_value, variables):
     owned, previous = [], []

@@ -72,12 +72,13 @@ def answer_requesters(comm, rows, routed):
   return rows if routed.plan is None else comm.all_to_all(rows, routed.plan.reversed())
 
 
-def gradients_to_owners(comm, answer_grad, routed):
+def gradients_to_owners(comm, answer_grad, routed, device=None):
   """The backward of stages 1 to 3: (the distinct rows or ids this replica
-  serves, their gradients summed over every replica that asked)."""
+  serves, their gradients summed over every replica that asked; summed
+  where `device` says the rows live, `ops.sum_rows_by_index`)."""
   if routed.plan is None:
     return routed.requested, answer_grad
   owner_grad = comm.all_to_all(answer_grad, routed.plan)
   # Several replicas may have asked for the same row.
   owned, owned_inverse, _ = ops.unique_with_counts(routed.requested)
-  return owned, ops.sum_rows_by_index(owner_grad, owned_inverse, tf.size(owned))
+  return owned, ops.sum_rows_by_index(owner_grad, owned_inverse, tf.size(owned), device)

@@ -168,12 +168,14 @@ def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
                                         num_unique, combiner)
 
 
-def sum_rows_by_index(rows, index, num_rows):
+def sum_rows_by_index(rows, index, num_rows, device=None):
   """out[k] = the sum of rows[i] over the i with index[i] == k, added in
   order of i; rows no index names are 0. `tf.math.unsorted_segment_sum`
-  of float32 [n, dim] rows, on the combine gradient's kernels (each row a
-  sample of its own), which sum in parallel where TensorFlow's CPU kernel
-  adds one row at a time.
+  of float32 [n, dim] rows (the same bits), on the combine gradient's
+  kernels (each row a sample of its own), which sum in parallel where
+  TensorFlow's CPU kernel adds one row at a time. Where the rows are on a
+  GPU (`device`; not known: where a GPU is visible) the stock op serves:
+  the kernel there waits on the device for its checks.
 
   >>> import tensorflow as tf
   >>> out = sum_rows_by_index(tf.constant([[1.0], [2.0], [4.0]]),
@@ -181,6 +183,8 @@ def sum_rows_by_index(rows, index, num_rows):
   >>> out.numpy().ravel().tolist()
   [2.0, 5.0, 0.0]
   """
+  if not types.on_cpu(device):
+    return tf.math.unsorted_segment_sum(rows, index, num_rows)
   return embedding_combine_grad(
       rows, index, tf.range(tf.shape(rows, out_type=tf.int64)[0] + 1), None, num_rows, "sum")
 
