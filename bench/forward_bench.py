@@ -25,7 +25,6 @@ bench/results/forward_bench.png (`--quick`, which shrinks the tables and
 batch, writes forward_bench_quick.png).
 """
 
-import gc
 import json
 import os
 import shutil
@@ -112,10 +111,7 @@ def time_tfde(work, data, reps, export_dir):
           shutil.rmtree(path)
         print(f"  {variant}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()),
               flush=True)
-    # The layer's tables (and its traced functions' hold on them) go before
-    # the next combiner's: rounds would otherwise pile them up.
-    del layer, lookup, fn
-    gc.collect()
+    del layer, lookup
   return results
 
 

@@ -22,13 +22,14 @@ struct Coefficients {
   Tensor bag_of;            // [n] int32
   Tensor coefficient;       // [n] float
   int64_t rows_read = 0;    // max(inverse) + 1 (CPU), for scratch sizes
-  bool unit_coefficients = false;  // every coefficient is 1 (CPU: sum, no weights)
   // Set before CombineCoefficients runs: only a combine reads the result.
   // The CPU then fills neither bag_of nor coefficient: its combine loop
   // computes each sample's coefficients from these two as it goes.
   bool combine_only = false;
   const float* weights = nullptr;  // CPU: the weights, or none (all 1)
   Combiner combiner = Combiner::kSum;
+  // CPU: every coefficient is 1 (an unweighted sum).
+  bool unit_coefficients() const { return weights == nullptr && combiner == Combiner::kSum; }
 };
 
 // The combiner's scale of the sample of ids [begin, end): 1 for a sum,
@@ -195,7 +196,7 @@ void CombineRows(OpKernelContext* ctx, const Tensor& splits_t, const Coefficient
       default: return run(std::integral_constant<int, 0>(), unit);
     }
   };
-  if (c.unit_coefficients) {
+  if (c.unit_coefficients()) {
     with_width(std::true_type());
   } else {
     with_width(std::false_type());

@@ -272,7 +272,6 @@ Status functor::CombineCoefficients<CPUDevice, Split>::operator()(
   const float* weights = weights_t.NumElements() ? weights_t.flat<float>().data() : nullptr;
   out->weights = weights;
   out->combiner = combiner;
-  out->unit_coefficients = weights == nullptr && combiner == Combiner::kSum;
   // A combine alone computes each sample's coefficients as it reads them
   // (CombineSamples), in parallel, and never reads an id's sample.
   if (out->combine_only) return absl::OkStatus();

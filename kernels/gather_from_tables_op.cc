@@ -311,20 +311,12 @@ Status functor::CombineFromTables<CPUDevice, Index, Split>::operator()(
   const int64_t m = rows_t.NumElements();
   const int64_t dim = tables.dim();
   if (tables.num_tables() == 1) {
-    // One table (a feature read from its own): its rows are checked in a
-    // pass the compiler vectorizes, and each id's row is found as it is
-    // read, where several tables need a row's table resolved first.
-    const int64_t num_rows = tables.end();
-    const auto [smallest, largest] = ParallelMinMax(ctx, rows, m);
-    if (m > 0 && (smallest < 0 || largest >= num_rows)) {
-      for (int64_t k = 0; k < m; ++k) {
-        if (rows[k] < 0 || rows[k] >= num_rows) {
-          *bad_row = k;
-          return absl::OkStatus();
-        }
-      }
-    }
-    *bad_row = -1;
+    // One table (a feature read from its own): its rows are range-checked
+    // as any index input is, and each id's row is found as it is read,
+    // where several tables need a row's table resolved first.
+    TF_RETURN_IF_ERROR(
+        functor::FindOutOfRange<CPUDevice, Index>()(ctx, rows_t, 0, tables.end(), bad_row));
+    if (*bad_row >= 0) return absl::OkStatus();
     const float* data = tables.data(0);
     CombineRows<float, Split>(ctx, splits_t, c, dim,
                               [data, rows, dim](int32_t k) { return data + rows[k] * dim; },

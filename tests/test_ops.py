@@ -423,7 +423,6 @@ def test_combine_from_tables_matches_numpy(op_backend, seed, combiner):
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
-
 def _combine_in_order(table, ids, weights, combiner):
   """The combine as the kernels round it: per sample, each coefficient
   (weight times the combiner's scale, in float64) rounded to float32, and
@@ -470,6 +469,7 @@ def test_combine_of_every_width_rounds_as_the_sequential_sum(dim, combiner, weig
                                            tf.constant(splits), w, combiner)
     np.testing.assert_array_equal(from_tables.numpy(), want)
     np.testing.assert_array_equal(from_rows.numpy(), want)
+
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])

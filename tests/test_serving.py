@@ -186,11 +186,18 @@ def test_the_serving_lookup_matches_training_for_every_output_and_form(combiner)
 def test_the_served_combine_keeps_huge_weights_finite():
   """Weights whose sum overflows float32: folded per id in float64, as the
   kernels and the twin fold them, not summed in float32 first."""
-  rows = tf.constant([[2.0], [3.0], [4.0], [6.0]])
-  weights = tf.constant([1e38, 1e38, 3e38, 1e38])
+  rows = np.array([[2.0], [3.0], [4.0], [6.0]])
+  weights = np.array([1e38, 1e38, 3e38, 1e38])
   splits = tf.constant([0, 2, 4], tf.int64)
   for combiner in ("mean", "sqrtn"):
-    want = tfde.ops.reference.embedding_combine(rows, tf.range(4), splits, weights, combiner)
+    # numpy in float64: each sample's sum of w_i * row_i over its divisor.
+    want = []
+    for b in (slice(0, 2), slice(2, 4)):
+      w = weights[b]
+      divisor = w.sum() if combiner == "mean" else np.sqrt((w * w).sum())
+      want.append((w[:, None] * rows[b]).sum(0) / divisor)
     for hotness in (None, 2):
-      got = tfde.inputs.combine_served_rows(rows, splits, weights, combiner, hotness)
-      np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+      got = tfde.inputs.combine_served_rows(tf.constant(rows, tf.float32), splits,
+                                            tf.constant(weights, tf.float32), combiner, hotness)
+      assert np.all(np.isfinite(got.numpy()))
+      np.testing.assert_allclose(got.numpy(), np.array(want), rtol=1e-6)

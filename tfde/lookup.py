@@ -343,21 +343,18 @@ class ShardedLookup(tf.Module):
       # training in backward, watching them would only cost a copy.)
       for variable in group.gradient_variables(step.replica):
         tape_lib.variable_accessed(variable)
-    if step.fused and not step.deduped and ops.types.on_cpu(group.device(step.replica)):
-      # One shard, every id's row read where it lies: on a CPU each feature
-      # from its own table (the fused ids and batch are the backward's). A
-      # GPU's op waits on the device for its checks, so there one op
-      # serves every feature.
-      outputs = group.combine_each_local(step.replica, features, step.combiners)
-      for f, o in zip(features, outputs):
-        o.set_shape([f.row_splits.shape[0] - 1 if f.row_splits.shape[0] else None,
-                     group.width])
-      return outputs
     if step.fused:
-      out = group.combine_local(step.replica, routed.requested, routed.answer_index,
-                                step.batch)
-      outputs = [out] if len(features) == 1 else tf.split(
-          out, [tf.size(f.row_splits) - 1 for f in features])
+      if not step.deduped and ops.types.on_cpu(group.device(step.replica)):
+        # One shard, every id's row read where it lies: on a CPU each
+        # feature from its own table (the fused ids and batch are the
+        # backward's). A GPU's op waits on the device for its checks, so
+        # there one op serves every feature.
+        outputs = group.combine_each_local(step.replica, features, step.combiners)
+      else:
+        out = group.combine_local(step.replica, routed.requested, routed.answer_index,
+                                  step.batch)
+        outputs = [out] if len(features) == 1 else tf.split(
+            out, [tf.size(f.row_splits) - 1 for f in features])
       for f, o in zip(features, outputs):
         o.set_shape([f.row_splits.shape[0] - 1 if f.row_splits.shape[0] else None,
                      group.width])
