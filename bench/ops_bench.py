@@ -8,7 +8,8 @@ vocabulary, sum combiner. `--quick` shrinks tables and batch for a smoke run.
 
 The peers (torch EmbeddingBag, FBGEMM TBE CPU; bench/peers_bench.py in
 their own environment) are timed in `--peer-rounds` rounds, each followed
-by tfde's forward and SGD, Adagrad and lazy-Adam steps on the same ids;
+by tfde's forward and SGD, Adagrad, row-wise Adagrad and lazy-Adam steps
+on the same ids;
 the ratios are of the medians over the rounds. After them, tfde's first
 SGD and lazy-Adam steps are cross-checked against theirs from the same
 tables (`step_cross_check`; tests/test_peers.py holds it in make test).
@@ -85,21 +86,25 @@ def with_optimizer(configs, optimizer):
 
 
 def step_cross_check(tmp, optimizer):
-  """tfde's step-1 deltas of the touched rows against the peers' (torch;
-  FBGEMM for SGD, its CPU TBE having no Adam), from the same tables, ids,
-  output gradients and learning rate, for "sgd" or lazy "adam" (small
-  tables: the check is of the computation, not its speed). Prints and
-  returns {peer: (touched rows, max |delta difference|, largest |delta|)},
-  or None where the peers' environment is missing."""
+  """tfde's step-1 deltas of the touched rows against the peers' (torch for
+  SGD and lazy Adam; FBGEMM for SGD and row-wise Adagrad, its CPU TBE
+  having no Adam; torch has no row-wise Adagrad), from the same tables,
+  ids, output gradients and learning rate, for "sgd", lazy "adam" or
+  "rowwise_adagrad" (small tables: the check is of the computation, not
+  its speed). Prints and returns {peer: (touched rows, max |delta
+  difference|, largest |delta|)}, or None where the peers' environment is
+  missing."""
   vocab, dim, batch, hot, num = 1000, 8, 64, 5, 2
   lr = 0.1 if optimizer == "sgd" else 0.01
   beta_1, beta_2, epsilon = 0.9, 0.999, 1e-7
   rng = np.random.default_rng(3)
   ids = [((rng.zipf(1.05, (batch, hot)) - 1) % vocab).astype(np.int64) for _ in range(num)]
   targets = [rng.normal(size=(batch, dim)).astype(np.float32) for _ in range(num)]
-  ours = (tfde.optimizers.SGD(learning_rate=lr) if optimizer == "sgd" else
-          tfde.optimizers.Adam(learning_rate=lr, beta_1=beta_1, beta_2=beta_2,
-                               epsilon=epsilon))
+  ours = {"sgd": lambda: tfde.optimizers.SGD(learning_rate=lr),
+          "adam": lambda: tfde.optimizers.Adam(learning_rate=lr, beta_1=beta_1,
+                                               beta_2=beta_2, epsilon=epsilon),
+          "rowwise_adagrad": lambda: tfde.optimizers.RowwiseAdagrad(
+              learning_rate=lr, epsilon=epsilon)}[optimizer]()
   configs = {f"f{t}": tfde.FeatureConfig(name=f"f{t}", table=tfde.TableConfig(
       name=f"t{t}", vocabulary_size=vocab, embedding_dim=dim,
       optimizer=ours, combiner="sum", initializer="uniform", seed=t)) for t in range(num)}
@@ -119,12 +124,14 @@ def step_cross_check(tmp, optimizer):
   if run_peers("step", case, result) is None:
     return None
   peers = np.load(result)
-  label = "SGD" if optimizer == "sgd" else "lazy Adam"
+  label = {"sgd": "SGD", "adam": "lazy Adam", "rowwise_adagrad": "row-wise Adagrad"}[optimizer]
+  lacks = {("adam", "fbgemm"): "no Adam on its CPU",
+           ("rowwise_adagrad", "torch"): "no row-wise Adagrad in torch"}
   found = {}
   for peer in ("torch", "fbgemm"):
     if f"{peer}_0" not in peers:
       print(f"{label} step-1 cross-check vs {peer}: skipped "
-            f"({'no Adam on its CPU' if optimizer == 'adam' and peer == 'fbgemm' else 'not installed'})")
+            f"({lacks.get((optimizer, peer), 'not installed')})")
       continue
     worst, largest, rows = 0.0, 0.0, 0
     for t in range(num):
@@ -261,7 +268,9 @@ def main():
   compared = {"forward": kernel_forward, "lazy Adam step": kernel_train}
   with tfde.ops.backend(tfde.ops.KERNELS):
     for name, optimizer in (("SGD", tfde.optimizers.SGD(learning_rate=0.01)),
-                            ("Adagrad", tfde.optimizers.Adagrad(learning_rate=0.01))):
+                            ("Adagrad", tfde.optimizers.Adagrad(learning_rate=0.01)),
+                            ("row-wise Adagrad", tfde.optimizers.RowwiseAdagrad(
+                                learning_rate=0.01, epsilon=1e-7))):
       lookup = tfde.lookup.ShardedLookup(with_optimizer(work.feature_configs(), optimizer))
       _, train_other = lookup_steps(lookup, inputs, loss_of)
       results[f"tfde kernels train ({name})"] = timed(train_other, args.reps)
@@ -287,6 +296,7 @@ def main():
             tfde_rounds[name].append(timed(fn, args.reps))
       step_cross_check(tmp, "sgd")
       step_cross_check(tmp, "adam")
+      step_cross_check(tmp, "rowwise_adagrad")
     if peer_rounds:
       peers = {name: statistics.median(r[name] for r in peer_rounds)
                for name in peer_rounds[0]}
@@ -370,12 +380,13 @@ def main():
              ("SGD step", "torch EmbeddingBag + SGD step"),
              ("SGD step", "FBGEMM TBE EXACT_SGD step"),
              ("Adagrad step", "FBGEMM TBE EXACT_ROWWISE_ADAGRAD step"),
+             ("row-wise Adagrad step", "FBGEMM TBE EXACT_ROWWISE_ADAGRAD step"),
              ("lazy Adam step", "FBGEMM TBE EXACT_ROWWISE_ADAGRAD step")]
     for what, peer in pairs:
       if peer in peers:
         ours = statistics.median(tfde_rounds[what])
         each = [t / r[peer] for t, r in zip(tfde_rounds[what], peer_rounds)]
-        print(f"  tfde {what:15s} {ours:8.1f} ms vs {peer:40s} {peers[peer]:8.1f} ms: "
+        print(f"  tfde {what:21s} {ours:8.1f} ms vs {peer:40s} {peers[peer]:8.1f} ms: "
               f"{ours / peers[peer]:5.2f} [{min(each):.2f}, {max(each):.2f}]")
   print(f"  dynamic-table train vs tf.nn + Keras Adam: "
         f"{results['tf.nn + Keras Adam train'] / results['tfde kernels train, dynamic tables']:6.2f}x faster")

@@ -54,14 +54,14 @@ def _timed(fn, reps, warmup=2):
   return statistics.median(times) * 1e3
 
 
-def _tbe(fb, num_tables, vocab, dim, optimizer, lr):
+def _tbe(fb, num_tables, vocab, dim, optimizer, lr, eps=1e-7):
   codegen, optim, location, pooling, device = fb
   kwargs = {}
   if optimizer == "sgd":
     kwargs["optimizer"] = optim.EXACT_SGD
   else:
     kwargs["optimizer"] = optim.EXACT_ROWWISE_ADAGRAD
-    kwargs["eps"] = 1e-7
+    kwargs["eps"] = eps
   return codegen(
       embedding_specs=[(vocab, dim, location.HOST, device.CPU)] * num_tables,
       learning_rate=lr, pooling_mode=pooling.SUM, **kwargs)
@@ -193,14 +193,34 @@ def time_variants(path, reps):
 
 
 def optimizer_step(case_path, out_path):
-  """One step of each peer's optimizer (the case's "optimizer": "sgd" or
-  "adam", lazy) from the tables in `case_path`."""
+  """One step of each peer's optimizer (the case's "optimizer": "sgd",
+  "adam" (lazy; torch only) or "rowwise_adagrad" (FBGEMM only)) from the
+  tables in `case_path`."""
   data = np.load(case_path)
   num_tables, lr = int(data["tables"]), float(data["lr"])
   optimizer = str(data["optimizer"])
   init = [data[f"table_{t}"] for t in range(num_tables)]
   ids = [data[f"ids_{t}"] for t in range(num_tables)]
   targets = [torch.from_numpy(data[f"target_{t}"]) for t in range(num_tables)]
+  out = {}
+  if optimizer != "rowwise_adagrad":
+    out.update(_torch_step(data, optimizer, lr, init, ids, targets))
+  fb = _fbgemm() if optimizer in ("sgd", "rowwise_adagrad") else None
+  if fb is not None:
+    vocab, dim = init[0].shape
+    tbe = _tbe(fb, num_tables, vocab, dim, optimizer, lr, eps=float(data["epsilon"]))
+    with torch.no_grad():
+      for w, x in zip(tbe.split_embedding_weights(), init):
+        w.copy_(torch.from_numpy(x))
+    indices, offsets = _tbe_inputs(ids)
+    (tbe(indices, offsets) * torch.cat(targets, 1)).sum().backward()
+    for t, w in enumerate(tbe.split_embedding_weights()):
+      out[f"fbgemm_{t}"] = w.detach().numpy().copy()
+  np.savez(out_path, **out)
+
+
+def _torch_step(data, optimizer, lr, init, ids, targets):
+  """torch's EmbeddingBag tables after one SGD or SparseAdam step."""
   out = {}
   bags = [torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(w.copy()), freeze=False,
                                                 mode="sum", sparse=True) for w in init]
@@ -218,18 +238,7 @@ def optimizer_step(case_path, out_path):
   opt.step()
   for t, b in enumerate(bags):
     out[f"torch_{t}"] = b.weight.detach().numpy()
-  fb = _fbgemm() if optimizer == "sgd" else None
-  if fb is not None:
-    vocab, dim = init[0].shape
-    tbe = _tbe(fb, num_tables, vocab, dim, "sgd", lr)
-    with torch.no_grad():
-      for w, x in zip(tbe.split_embedding_weights(), init):
-        w.copy_(torch.from_numpy(x))
-    indices, offsets = _tbe_inputs(ids)
-    (tbe(indices, offsets) * torch.cat(targets, 1)).sum().backward()
-    for t, w in enumerate(tbe.split_embedding_weights()):
-      out[f"fbgemm_{t}"] = w.detach().numpy().copy()
-  np.savez(out_path, **out)
+  return out
 
 
 if __name__ == "__main__":

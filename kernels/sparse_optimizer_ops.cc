@@ -1,5 +1,6 @@
 // Sparse optimizer updates applied in place to the touched rows of a table
-// and of its slot variables: SGD, Adagrad, lazy Adam and FTRL.
+// and of its slot variables: SGD, Adagrad, row-wise Adagrad, lazy Adam and
+// FTRL.
 //
 // The formulas are Keras 3's (keras.optimizers.*.update_step) restricted
 // to the given rows. Every index is validated (in range, not repeated)
@@ -60,6 +61,7 @@ Status SparseApplyShape(shape_inference::InferenceContext* c, int num_vars,
 #define TFDE_SGD_SCALARS .Input("learning_rate: float")
 #define TFDE_ADAGRAD_VARS .Input("var: resource").Input("accumulator: resource")
 #define TFDE_ADAGRAD_SCALARS .Input("learning_rate: float").Input("epsilon: float")
+#define TFDE_ROWWISE_ADAGRAD_VARS .Input("var: resource").Input("row_accumulator: resource")
 #define TFDE_LAZY_ADAM_VARS \
   .Input("var: resource").Input("m: resource").Input("v: resource")
 #define TFDE_LAZY_ADAM_SCALARS                                            \
@@ -112,6 +114,11 @@ TFDE_REGISTER_SPARSE_APPLY_OPS(
     "accumulator[i] += grad^2; var[i] -= lr * grad / sqrt(accumulator[i] + "
     "epsilon) for each i in indices (Keras 3 Adagrad).");
 TFDE_REGISTER_SPARSE_APPLY_OPS(
+    "RowwiseAdagrad", TFDE_ROWWISE_ADAGRAD_VARS, TFDE_ADAGRAD_SCALARS, 2, 2,
+    "row_accumulator[i] (shape [rows, 1]) += mean(grad^2 over the row); "
+    "var[i] -= grad * lr / (sqrt(row_accumulator[i]) + epsilon) for each i in "
+    "indices (FBGEMM's EXACT_ROWWISE_ADAGRAD).");
+TFDE_REGISTER_SPARSE_APPLY_OPS(
     "LazyAdam", TFDE_LAZY_ADAM_VARS, TFDE_LAZY_ADAM_SCALARS, 3, 5,
     "Keras 3 Adam on the given rows only (lazy): m, v and var change for those "
     "rows; `step` is the 1-based step count used for bias correction.");
@@ -124,6 +131,7 @@ TFDE_REGISTER_SPARSE_APPLY_OPS("Ftrl", TFDE_FTRL_VARS, TFDE_FTRL_SCALARS, 3, 6,
 #undef TFDE_SGD_SCALARS
 #undef TFDE_ADAGRAD_VARS
 #undef TFDE_ADAGRAD_SCALARS
+#undef TFDE_ROWWISE_ADAGRAD_VARS
 #undef TFDE_LAZY_ADAM_VARS
 #undef TFDE_LAZY_ADAM_SCALARS
 #undef TFDE_FTRL_VARS
@@ -157,7 +165,7 @@ class SparseApplyOp : public OpKernel {
                                           &select));
     LockedVariables vars;
     OP_REQUIRES_OK(ctx, vars.Acquire(ctx, 0, kNumVars, LockMode::kExclusive));
-    OP_REQUIRES_OK(ctx, vars.CheckUpdateTargets(ctx, 0, grads.dim));
+    OP_REQUIRES_OK(ctx, vars.CheckUpdateTargets(ctx, 0, grads.dim, Update::kSlotWidth));
     UpdateRowErrors bad;
     OP_REQUIRES_OK(ctx, functor::FindBadUpdateRows<Device, Index>()(
                             ctx, indices, vars.num_rows(), &grad_rows, grads.num_rows, &bad));
@@ -248,9 +256,13 @@ Status functor::SparseApply<CPUDevice, Index, Update, Gradients>::operator()(
   if (grad_rows_t) TF_RETURN_IF_ERROR(Int32View(ctx, *grad_rows_t, &narrowed, &grad_rows));
   float* slots[kNumVars];
   for (int v = 0; v < kNumVars; ++v) slots[v] = vars->Rows(v);
+  constexpr int64_t kSlotWidth = Update::kSlotWidth;
   const auto rows_of = [&](int64_t i, float** rows) {
-    const int64_t offset = static_cast<int64_t>(indices[i]) * dim;
-    for (int v = 0; v < kNumVars; ++v) rows[v] = slots[v] + offset;
+    const int64_t row = static_cast<int64_t>(indices[i]);
+    rows[0] = slots[0] + row * dim;
+    for (int v = 1; v < kNumVars; ++v) {
+      rows[v] = slots[v] + row * (kSlotWidth == 0 ? dim : kSlotWidth);
+    }
     return true;
   };
   const auto grad_of = [&](int64_t i, float* scratch) {
@@ -279,6 +291,7 @@ Status functor::SparseApply<CPUDevice, Index, Update, Gradients>::operator()(
                             BagGradientRows)
 REGISTER_SPARSE_APPLY("Sgd", SgdUpdate);
 REGISTER_SPARSE_APPLY("Adagrad", AdagradUpdate);
+REGISTER_SPARSE_APPLY("RowwiseAdagrad", RowwiseAdagradUpdate);
 REGISTER_SPARSE_APPLY("LazyAdam", LazyAdamUpdate);
 REGISTER_SPARSE_APPLY("Ftrl", FtrlUpdate);
 #undef REGISTER_SPARSE_APPLY

@@ -2,10 +2,13 @@
 // by the kernels that update static table variables
 // (sparse_optimizer_ops.cc) and dynamic hash tables (dynamic_table_ops.cc).
 //
-// Each Update has kNumVars (the table and its slots), a Params struct read
-// from the op's scalar inputs in every Compute (kernels run concurrently, so
-// nothing per call is kept in the kernel), and Row(), which updates one row:
-// rows[0] is the table row, rows[1..] the slot rows.
+// Each Update has kNumVars (the table and its slots), kSlotWidth (the
+// slots' row width: 0 for the table's, as element-wise optimizers keep one
+// slot value per element; 1 for a row-wise optimizer's one value per row),
+// a Params struct read from the op's scalar inputs in every Compute
+// (kernels run concurrently, so nothing per call is kept in the kernel), and
+// Row(), which updates one row: rows[0] is the table row, rows[1..] the slot
+// rows.
 #ifndef TFDE_KERNELS_SPARSE_UPDATES_H_
 #define TFDE_KERNELS_SPARSE_UPDATES_H_
 
@@ -30,6 +33,7 @@ inline Status ReadScalar(OpKernelContext* ctx, int input, const char* name, floa
 
 // rows[0] is the table row, rows[1..] the slot rows, in input order.
 struct SgdUpdate {
+  static constexpr int64_t kSlotWidth = 0;
   static constexpr int kNumVars = 1;
   using Params = SgdParams;
   static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
@@ -43,6 +47,7 @@ struct SgdUpdate {
 };
 
 struct AdagradUpdate {
+  static constexpr int64_t kSlotWidth = 0;
   static constexpr int kNumVars = 2;
   using Params = AdagradParams;
   static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
@@ -60,7 +65,37 @@ struct AdagradUpdate {
   }
 };
 
+// FBGEMM's EXACT_ROWWISE_ADAGRAD (TorchRec's RowWiseAdagrad): one
+// accumulator per row gathers the mean of the row's squared gradient, and
+// the whole row steps by lr / (sqrt(accumulator) + epsilon). The squares are
+// summed in order in float, as FBGEMM's CPU update sums them.
+struct RowwiseAdagradUpdate {
+  static constexpr int64_t kSlotWidth = 1;
+  static constexpr int kNumVars = 2;
+  using Params = AdagradParams;
+  static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
+    return AdagradUpdate::ReadParams(ctx, first, p);
+  }
+  static void Row(const Params& p, float* const* rows, const float* g,
+                  int64_t dim) {
+    float* w = rows[0];
+    float* acc = rows[1];
+    float sum_of_squares = 0.0f;
+    for (int64_t d = 0; d < dim; ++d) sum_of_squares += g[d] * g[d];
+    *acc += sum_of_squares / static_cast<float>(dim);
+    const float multiplier = p.lr / (std::sqrt(*acc) + p.epsilon);
+    for (int64_t d = 0; d < dim; ++d) w[d] -= g[d] * multiplier;
+  }
+};
+
+// The width of an Update's slot rows in a table of `dim` columns.
+template <typename Update>
+constexpr int64_t SlotWidth(int64_t dim) {
+  return Update::kSlotWidth == 0 ? dim : Update::kSlotWidth;
+}
+
 struct LazyAdamUpdate {
+  static constexpr int64_t kSlotWidth = 0;
   static constexpr int kNumVars = 3;
   using Params = LazyAdamParams;
   static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
@@ -90,6 +125,7 @@ struct LazyAdamUpdate {
 };
 
 struct FtrlUpdate {
+  static constexpr int64_t kSlotWidth = 0;
   static constexpr int kNumVars = 3;
   using Params = FtrlParams;
   static Status ReadParams(OpKernelContext* ctx, int first, Params* p) {
@@ -139,7 +175,9 @@ TFDE_VECTOR_CLONES void UpdateRows(const typename Update::Params& params,
   std::vector<float> scratch(dim);
   for (int64_t i = begin; i < end; ++i) {
     if (i + kPrefetchDistance < end && rows_of(i + kPrefetchDistance, rows)) {
-      for (float* row : rows) PrefetchRow(row, dim * sizeof(float), true);
+      for (int v = 0; v < Update::kNumVars; ++v) {
+        PrefetchRow(rows[v], (v == 0 ? dim : SlotWidth<Update>(dim)) * sizeof(float), true);
+      }
     }
     if (!rows_of(i, rows)) continue;
     Update::Row(params, rows, grad_of(i, scratch.data()), dim);

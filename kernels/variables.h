@@ -120,12 +120,19 @@ class LockedVariables {
   Status CheckUpdateTargets(OpKernelContext* ctx, int first, const Tensor& grad) const {
     return CheckUpdateTargets(ctx, first, grad.dim_size(1));
   }
-  Status CheckUpdateTargets(OpKernelContext* ctx, int first, int64_t grad_dim) const {
+  // slot_width: the slots' row width; 0 for the table's (each slot the
+  // table's shape), 1 for a row-wise optimizer's [rows, 1] slots.
+  Status CheckUpdateTargets(OpKernelContext* ctx, int first, int64_t grad_dim,
+                            int64_t slot_width = 0) const {
+    TensorShape slot_shape = tensor(0).shape();
+    if (slot_width > 0 && slot_shape.dims() == 2) slot_shape.set_dim(1, slot_width);
     for (int v = 1; v < size(); ++v) {
-      if (tensor(v).shape() != tensor(0).shape()) {
+      if (tensor(v).shape() != slot_shape) {
         return InvalidArgument("slot variable ", HandleFromInput(ctx, first + v).name(),
                                " has shape ", tensor(v).shape().DebugString(),
-                               " but the table has ", tensor(0).shape().DebugString());
+                               " but the table has ", tensor(0).shape().DebugString(),
+                               slot_width > 0 ? ", so the slot must have shape " : "",
+                               slot_width > 0 ? slot_shape.DebugString() : "");
       }
     }
     if (grad_dim != dim()) {

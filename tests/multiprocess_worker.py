@@ -29,7 +29,7 @@ def main():
   import tfde  # pylint: disable=g-import-not-at-top
   from tests import sharded_harness as h  # pylint: disable=g-import-not-at-top
 
-  variant = ["sgd", "adagrad", "adam", "ftrl"].index(args.optimizer)
+  variant = h.variant_of(args.optimizer)
   configs = h.feature_configs(args.optimizer, variant)
   plan = None if args.layouts is None else tfde.planner.ShardingPlan(
       num_replicas=num_replicas, tables=h.layouts(args.layouts, num_replicas))

@@ -68,6 +68,10 @@ def keras_row_update(kind, hp, step, w, slots, g):
   if kind == "adagrad":
     acc = slots[0] + g * g
     return w - lr * g / np.sqrt(acc + hp.get("epsilon", 1e-7)), [acc]
+  if kind == "rowwise_adagrad":
+    # FBGEMM's EXACT_ROWWISE_ADAGRAD: one accumulator per row.
+    acc = slots[0] + np.mean(g * g)
+    return w - g * lr / (np.sqrt(acc) + hp.get("epsilon", 1e-8)), [acc]
   if kind == "adam":
     b1, b2 = hp.get("beta_1", 0.9), hp.get("beta_2", 0.999)
     alpha = lr * np.sqrt(1 - b2 ** step) / (1 - b1 ** step)
@@ -90,6 +94,7 @@ def keras_row_update(kind, hp, step, w, slots, g):
 def initial_slots(kind, hp, dim):
   init = hp.get("initial_accumulator_value", 0.1)
   return {"sgd": [], "adagrad": [np.full(dim, init)],
+          "rowwise_adagrad": [np.full(1, hp.get("initial_accumulator_value", 0.0))],
           "adam": [np.zeros(dim), np.zeros(dim)],
           "ftrl": [np.full(dim, init), np.zeros(dim)]}[kind]
 

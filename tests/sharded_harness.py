@@ -29,6 +29,8 @@ COMBINERS = ("sum", "mean", "sqrtn")
 HYPER = {
     "sgd": dict(learning_rate=0.5),
     "adagrad": dict(learning_rate=0.3, initial_accumulator_value=0.1, epsilon=1e-7),
+    "rowwise_adagrad": dict(learning_rate=0.3, initial_accumulator_value=0.1,
+                            epsilon=1e-8),
     "adam": dict(learning_rate=0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-7),
     "ftrl": dict(learning_rate=0.2, learning_rate_power=-0.5,
                  initial_accumulator_value=0.1, l1_regularization_strength=0.001,
@@ -37,8 +39,14 @@ HYPER = {
 }
 
 
+def variant_of(kind):
+  """The harness variant (combiners, seeds) a test runs `kind` with."""
+  return ["sgd", "adagrad", "adam", "ftrl", "rowwise_adagrad"].index(kind)
+
+
 def sparse_optimizer(kind):
   cls = {"sgd": tfde.optimizers.SGD, "adagrad": tfde.optimizers.Adagrad,
+         "rowwise_adagrad": tfde.optimizers.RowwiseAdagrad,
          "adam": tfde.optimizers.Adam, "ftrl": tfde.optimizers.Ftrl}[kind]
   return cls(**HYPER[kind])
 

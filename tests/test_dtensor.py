@@ -22,7 +22,7 @@ needs_tf_keras = pytest.mark.skipif(
     reason="tfde.dtensor needs tf_keras (pip install tfde[dtensor])")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
+OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl", "rowwise_adagrad")
 
 
 def cases():
@@ -32,7 +32,8 @@ def cases():
   # Each optimizer once, each mesh size, and (the three tables' combiners
   # rotate with the variant) every combiner on every mesh size; then a
   # "batch" x "model" mesh, the tables sharded over "batch" only.
-  return ["1:sgd:0", "2:adagrad:1", "4:ftrl:2", "4:adam:0", "2x2:adam:1"]
+  return ["1:sgd:0", "2:adagrad:1", "4:ftrl:2", "4:adam:0", "2x2:adam:1",
+          "2:rowwise_adagrad:2"]
 
 
 def run_worker(module, *args, timeout=600):

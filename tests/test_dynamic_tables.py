@@ -106,6 +106,22 @@ def test_dynamic_options_need_a_dynamic_table():
   assert tfde.TableConfig.from_config(config.get_config()) == config
 
 
+def test_rowwise_adagrad_is_refused_for_dynamic_tables_by_name():
+  """A dynamic table keeps each slot as wide as a row: row-wise Adagrad's
+  one value per row is refused at the config, and by a table asked to
+  switch to it, which keeps its optimizer."""
+  with pytest.raises(ValueError, match="TableConfig 'users': 'rowwise_adagrad' keeps "
+                                       "one slot value per row, and a dynamic table"):
+    tfde.TableConfig(name="users", vocabulary_size=None, embedding_dim=4,
+                     optimizer="rowwise_adagrad")
+  table = tfde.tables.DynamicTable(table_config())
+  kind = table.optimizer.kind
+  with pytest.raises(ValueError, match="table 'users': 'rowwise_adagrad' keeps one slot "
+                                       "value per row, and a dynamic table"):
+    table.use_optimizer(tfde.optimizers.RowwiseAdagrad())
+  assert table.optimizer.kind == kind == table.config.optimizer.kind
+
+
 # ---- admission and eviction, scripted
 
 

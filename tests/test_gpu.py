@@ -205,7 +205,7 @@ def test_training_equals_unsharded_reference(runtime, kind, weighted):
   every input kind, 10 steps) with the tables on the device."""
   strategy = (tf.distribute.get_strategy() if runtime == "none"
               else _mirrored(int(runtime[-1])))
-  variant = ["sgd", "adagrad", "adam", "ftrl"].index(kind)
+  variant = h.variant_of(kind)
   configs = h.feature_configs(kind, variant)
   n = strategy.num_replicas_in_sync
   batches = [h.make_batch(s, weighted, seed=variant, num_replicas=n) for s in range(10)]

@@ -4,6 +4,7 @@ restarted, against the numpy oracle (tests/estimator_model.py). Runs on
 every supported TensorFlow (no tf.estimator needed)."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tfde
@@ -60,19 +61,26 @@ def test_whole_table_saver_holds_no_per_replica_variables(tmp_path):
   m.assert_tables_equal_oracle(m.checkpoint_tables(str(tmp_path)), _oracle(), STEPS)
 
 
-def test_a_plain_saver_restores_a_table_whole(tmp_path):
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_a_plain_saver_restores_a_table_whole(tmp_path, optimizer):
   """tf.compat.v1.train.Saver in a bare Session: restore brings back rows
-  changed after the save."""
+  (and a row-wise Adagrad's [V, 1] accumulators) changed after the save."""
   with tf.Graph().as_default():
     table = tfde.tables.make_table(tfde.TableConfig(
-        name="t", vocabulary_size=6, embedding_dim=2, initializer=np.arange(12.0).reshape(6, 2)))
+        name="t", vocabulary_size=6, embedding_dim=2, optimizer=tfde.optimizers.get(
+            {"kind": optimizer, "learning_rate": 0.1, "initial_accumulator_value": 0.5}
+            if optimizer != "sgd" else optimizer),
+        initializer=np.arange(12.0).reshape(6, 2)))
     saver = tfde.tables.graph_saving.saver()
-    whole = table.state()["table"]
-    change = table.load_state({k: v * 0 for k, v in table.state().items()})
+    state = table.state()
+    change = table.load_state({k: v * 0 for k, v in state.items()})
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       path = saver.save(sess, str(tmp_path / "ckpt"))
       sess.run(change)
-      np.testing.assert_array_equal(sess.run(whole), np.zeros((6, 2)))
+      np.testing.assert_array_equal(sess.run(state["table"]), np.zeros((6, 2)))
       saver.restore(sess, path)
-      np.testing.assert_array_equal(sess.run(whole), np.arange(12.0).reshape(6, 2))
+      np.testing.assert_array_equal(sess.run(state["table"]), np.arange(12.0).reshape(6, 2))
+      if optimizer != "sgd":
+        np.testing.assert_array_equal(sess.run(state["slot_row_accumulator"]),
+                                      np.full((6, 1), 0.5))

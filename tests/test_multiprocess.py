@@ -102,7 +102,7 @@ def _write_batches(out_dir, optimizer):
   """The training data, made here and read by the workers: numpy versions
   differ between the two environments and so do some of their random
   streams (Generator.zipf in numpy 2.0 and 2.4)."""
-  variant = ["sgd", "adagrad", "adam", "ftrl"].index(optimizer)
+  variant = h.variant_of(optimizer)
   batches = [h.make_batch(s, weighted=True, seed=variant,
                           num_replicas=NUM_WORKERS) for s in range(STEPS)]
   path = os.path.join(out_dir, "batches.pkl")
@@ -116,7 +116,7 @@ def _check_against_reference(out_dir, optimizer, batches,
   """The workers' first outputs and final tables against the numpy
   reference run from their initial tables: row-wise shards, or with
   `whole_tables` (a plan's run) the whole tables every worker gathered."""
-  variant = ["sgd", "adagrad", "adam", "ftrl"].index(optimizer)
+  variant = h.variant_of(optimizer)
   configs = h.feature_configs(optimizer, variant)
   results = [np.load(os.path.join(out_dir, f"worker_{r}.npz"))
              for r in range(NUM_WORKERS)]
@@ -214,14 +214,16 @@ def _checkpoint_with_another_table_b(tmp_path):
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("optimizer", ["adam", "ftrl"])
+@pytest.mark.parametrize("optimizer", ["adam", "ftrl", "rowwise_adagrad"])
 def test_multi_worker_mirrored_two_processes(tmp_path, optimizer):
   batches_path, batches = _write_batches(str(tmp_path), optimizer)
-  # The adam run also writes delta checkpoints (a chain of 5 saves) and an
-  # end checkpoint, each worker saving every step; the ftrl run first
-  # restores a checkpoint whose table B has another shape.
+  # The adam and row-wise Adagrad ([V, 1] slots) runs also write delta
+  # checkpoints (a chain of 5 saves) and an end checkpoint, each worker
+  # saving every step; the ftrl run first restores a checkpoint whose
+  # table B has another shape.
+  deltas = optimizer in ("adam", "rowwise_adagrad")
   extra = ["--delta-dir", str(tmp_path / "deltas"), "--delta-full-every", "5",
-           "--checkpoint", str(tmp_path / "end")] if optimizer == "adam" else [
+           "--checkpoint", str(tmp_path / "end")] if deltas else [
                "--bad-checkpoint", _checkpoint_with_another_table_b(tmp_path)]
   commands, envs = _mwms_commands(tmp_path, optimizer, batches_path, extra)
   procs, outputs = _run_group(commands, envs, cwd=REPO)
@@ -235,8 +237,8 @@ def test_multi_worker_mirrored_two_processes(tmp_path, optimizer):
       result = np.load(os.path.join(tmp_path, f"worker_{r}.npz"))
       assert "table 'B'" in str(result["bad_restore_error"]), str(result["bad_restore_error"])
       assert not bool(result["bad_restore_changed"])
-  if optimizer == "adam":
-    variant = ["sgd", "adagrad", "adam", "ftrl"].index(optimizer)
+  if deltas:
+    variant = h.variant_of(optimizer)
     _delta_chain_equals_end_checkpoint(
         lambda: h.sharded_lookup(h.feature_configs(optimizer, variant)),
         str(tmp_path / "deltas"), str(tmp_path / "end"))
@@ -276,7 +278,7 @@ def _horovodrun(tmp_path, module_args, ranks=NUM_WORKERS):
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])
+@pytest.mark.parametrize("optimizer", ["adagrad", "sgd", "rowwise_adagrad"])
 def test_horovod_two_ranks(tmp_path, optimizer):
   batches_path, batches = _write_batches(str(tmp_path), optimizer)
   _horovodrun(tmp_path, ["tests.multiprocess_worker", "--mode", "horovod",
@@ -339,7 +341,7 @@ def test_killed_multi_worker_run_resumes_to_the_uninterrupted_result(tmp_path):
   process restores the 2-worker checkpoint exactly."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   optimizer = "adam"
-  variant = ["sgd", "adagrad", "adam", "ftrl"].index(optimizer)
+  variant = h.variant_of(optimizer)
   batches = [h.make_batch(s, weighted=True, seed=variant,
                           num_replicas=NUM_WORKERS) for s in range(6)]
   batches_path = str(tmp_path / "batches.pkl")

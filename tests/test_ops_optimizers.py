@@ -1,4 +1,5 @@
-"""The sparse optimizer updates (SGD, Adagrad, lazy Adam, FTRL), from
+"""The sparse optimizer updates (SGD, Adagrad, row-wise Adagrad, lazy Adam,
+FTRL), from
 gradient rows and from bag_gradients, on the C++ kernels and on the
 pure-TF twins, against the Keras formulas in numpy; malformed updates
 change nothing."""
@@ -17,6 +18,7 @@ from tests.op_inputs import SEEDS, combine_inputs, random_bags, seeded_bags
 OPTIMIZERS = {
     "sgd": dict(learning_rate=0.3),
     "adagrad": dict(learning_rate=0.2, initial_accumulator_value=0.1, epsilon=1e-7),
+    "rowwise_adagrad": dict(learning_rate=0.2, initial_accumulator_value=0.1, epsilon=1e-8),
     "adam": dict(learning_rate=0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-7),
     "ftrl": dict(learning_rate=0.1, learning_rate_power=-0.5,
                  initial_accumulator_value=0.1, l1=0.01, l2=0.02,
@@ -32,6 +34,9 @@ def _apply(kind, table, slots, rows, grads, step, hp):
   if kind == "adagrad":
     return tfde.ops.sparse_apply_adagrad(table, slots[0], rows, grads,
                                          hp["learning_rate"], hp["epsilon"])
+  if kind == "rowwise_adagrad":
+    return tfde.ops.sparse_apply_rowwise_adagrad(table, slots[0], rows, grads,
+                                                 hp["learning_rate"], hp["epsilon"])
   if kind == "adam":
     return tfde.ops.sparse_apply_lazy_adam(
         table, slots[0], slots[1], rows, grads, hp["learning_rate"],
@@ -44,6 +49,8 @@ def _apply(kind, table, slots, rows, grads, step, hp):
 def _make_slots(kind, shape, hp):
   if kind == "adagrad":
     return [tf.Variable(tf.fill(shape, hp["initial_accumulator_value"]))]
+  if kind == "rowwise_adagrad":
+    return [tf.Variable(tf.fill([shape[0], 1], hp["initial_accumulator_value"]))]
   if kind == "adam":
     return [tf.Variable(tf.zeros(shape)), tf.Variable(tf.zeros(shape))]
   if kind == "ftrl":
@@ -77,6 +84,8 @@ def test_optimizer_matches_keras_formulas(op_backend, kind, index_dtype,
     apply(kind, table, slots, rows.astype(index_dtype), grads, step, hp)
     reference.apply(want, rows, grads)
   np.testing.assert_allclose(table.numpy(), want, rtol=2e-5, atol=2e-6)
+  for slot, want_slot in zip(slots, reference.slots):
+    np.testing.assert_allclose(slot.numpy(), want_slot, rtol=2e-5, atol=2e-6)
   # Rows never touched keep their values exactly (lazy semantics).
   untouched = sorted(set(range(shape[0])) - touched)
   assert untouched
@@ -120,6 +129,7 @@ def test_bag_gradients_match_numpy(op_backend, seed, combiner):
 
 def _apply_from_bags(kind, table, slots, rows, bag_grads, step, hp, grad_rows=None):
   scalars = {"sgd": ["learning_rate"], "adagrad": ["learning_rate", "epsilon"],
+             "rowwise_adagrad": ["learning_rate", "epsilon"],
              "adam": ["learning_rate", "beta_1", "beta_2", "epsilon"],
              "ftrl": ["learning_rate", "l1", "l2", "l2_shrinkage", "beta",
                       "learning_rate_power"]}[kind]
@@ -306,3 +316,16 @@ def test_gpu_tables_narrow_int64_grad_rows_only_after_checking_them():
       native._narrow_grad_rows(tf.constant(bad, tf.int64), grad)  # pylint: disable=protected-access
     with pytest.raises(tf.errors.InvalidArgumentError, match=rf"grad_rows\[{at}\]"):
       tf.function(native._narrow_grad_rows)(tf.constant(bad, tf.int64), grad)  # pylint: disable=protected-access
+
+
+def test_rowwise_adagrad_refuses_a_slot_as_wide_as_the_table(op_backend):
+  """A row-wise update's slot is [rows, 1]: an element-wise accumulator
+  (Adagrad's, from a table switched over) is refused by name, unchanged."""
+  table = tf.Variable(tf.ones([5, 3]))
+  wide = tf.Variable(tf.fill([5, 3], 0.5))
+  with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
+                     match=r"must have shape \[5,1\]"):
+    tfde.ops.sparse_apply_rowwise_adagrad(table, wide, tf.constant([1]), tf.ones([1, 3]),
+                                          0.1, 1e-8)
+  np.testing.assert_array_equal(table.numpy(), np.ones([5, 3]))
+  np.testing.assert_array_equal(wide.numpy(), np.full([5, 3], 0.5))

@@ -2,8 +2,9 @@
 (bench/ops_bench.py's cross-check, run in the peers' environment, `make
 peers-env`): from the same tables, ids, output gradients and learning
 rate, the touched rows' deltas equal torch's (`optim.SGD`,
-`optim.SparseAdam`, the lazy Adam) and FBGEMM TBE's (`EXACT_SGD`; its CPU
-TBE has no Adam), and no peer touches another row. Skips where the
+`optim.SparseAdam`, the lazy Adam) and FBGEMM TBE's (`EXACT_SGD`,
+`EXACT_ROWWISE_ADAGRAD`; its CPU TBE has no Adam, torch no row-wise
+Adagrad), and no peer touches another row. Skips where the
 peers' environment is missing, unless TFDE_REQUIRE_PEERS=1 (`make test`).
 """
 
@@ -18,7 +19,8 @@ import ops_bench  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
 @pytest.mark.parametrize("optimizer, peers", [("sgd", ("torch", "fbgemm")),
-                                              ("adam", ("torch",))])
+                                              ("adam", ("torch",)),
+                                              ("rowwise_adagrad", ("fbgemm",))])
 def test_first_step_equals_the_peers(tmp_path, optimizer, peers):
   if not os.path.exists(ops_bench.PEERS_PYTHON):
     if os.environ.get("TFDE_REQUIRE_PEERS") == "1":

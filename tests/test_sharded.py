@@ -97,9 +97,9 @@ def test_shards_hold_mod_n_rows(strategy):
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
-@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "ftrl"])
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "ftrl", "rowwise_adagrad"])
 def test_training_equals_unsharded_reference(strategy, kind, weighted):
-  variant = ["sgd", "adagrad", "adam", "ftrl"].index(kind)
+  variant = h.variant_of(kind)
   configs = h.feature_configs(kind, variant)
   n = strategy.num_replicas_in_sync
   batches = [h.make_batch(s, weighted, seed=variant, num_replicas=n)

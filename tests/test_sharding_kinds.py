@@ -50,10 +50,11 @@ def strategy(request):
 # (the step-dependent rule), to keep the suite's time.
 @pytest.mark.parametrize("kind,layout", [
     (k, layout) for layout in ("table_wise", "column_wise", "table_row_wise")
-    for k in ("sgd", "adagrad", "adam", "ftrl")] + [("adam", "mixed")])
+    for k in ("sgd", "adagrad", "adam", "ftrl")] + [("adam", "mixed")] + [
+        ("rowwise_adagrad", layout) for layout in ("table_wise", "table_row_wise")])
 def test_training_equals_unsharded_reference(strategy, kind, layout):
   n = strategy.num_replicas_in_sync
-  variant = ["sgd", "adagrad", "adam", "ftrl"].index(kind)
+  variant = h.variant_of(kind)
   configs = h.feature_configs(kind, variant)
   batches = [h.make_batch(s, weighted=True, seed=variant + 20, num_replicas=n)
              for s in range(STEPS)]
@@ -89,6 +90,36 @@ def test_training_equals_unsharded_reference(strategy, kind, layout):
       for position, owner in enumerate(layout_.owners):
         rows = final[name][position::k]
         np.testing.assert_array_equal(table.shards[owner].numpy()[:len(rows)], rows)
+
+
+def test_rowwise_adagrad_keeps_whole_rows_so_column_wise_refuses_it():
+  """Row-wise Adagrad's accumulator spans a whole row, which no column
+  slice holds: a column-wise plan is refused naming the table, a table
+  switched to it is refused unchanged, and the planner never proposes it."""
+  configs = h.feature_configs("rowwise_adagrad", 1)
+  with pytest.raises(ValueError, match="table 'A' trains with 'rowwise_adagrad'.*"
+                                       "column_wise does not apply"):
+    h.sharded_lookup(configs, plan=make_plan("column_wise", 1))
+  column_wise = h.sharded_lookup(h.feature_configs("adagrad", 1),
+                                 plan=make_plan("column_wise", 1))
+  table = column_wise.tables["A"]
+  with pytest.raises(ValueError, match="table 'A': 'rowwise_adagrad' keeps one slot "
+                                       "value per row, and a column-wise"):
+    table.use_optimizer(tfde.optimizers.RowwiseAdagrad())
+  assert table.optimizer.kind == "adagrad"
+  assert all(s.optimizer.kind == "adagrad" for s in table.slices)
+  # The planner's doctest splits t2 by columns under Adagrad; not under
+  # row-wise Adagrad.
+  sizes = [(50, 8), (200_000, 16), (30_000, 64), (1000, 16)]
+  def kinds(optimizer):
+    tables = [tfde.TableConfig(name=f"t{i}", vocabulary_size=v, embedding_dim=d,
+                               optimizer=optimizer) for i, (v, d) in enumerate(sizes)]
+    features = [tfde.FeatureConfig(name=f"f{i}", table=t, input_shape=(1024, 4))
+                for i, t in enumerate(tables)]
+    plan = tfde.planner.plan(features, num_replicas=4, memory_per_replica_bytes=64 << 20)
+    return {name: layout.kind for name, layout in plan.tables.items()}
+  assert kinds("adagrad")["t2"] == "column_wise"
+  assert "column_wise" not in kinds("rowwise_adagrad").values()
 
 
 # ---- dynamic tables: table-wise (column-wise and replicated do not apply)

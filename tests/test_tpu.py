@@ -743,6 +743,13 @@ def test_movielens_tpu_example_runs_under_mirrored_strategy():
   assert np.isfinite(rmse) and rmse < 1.05 * baseline, last
 
 
+def test_rowwise_adagrad_has_no_tpu_form():
+  """TPU embedding has no row-wise Adagrad: the mapping refuses it by name
+  rather than train with another rule."""
+  with pytest.raises(ValueError, match="table 't'.*'rowwise_adagrad' has no TPU form"):
+    tfde.tpu.to_tpu_optimizer(tfde.optimizers.RowwiseAdagrad(), "t")
+
+
 def test_learning_rate_schedule_is_carried_to_tpu():
   import keras
   schedule = keras.optimizers.schedules.ExponentialDecay(0.5, decay_steps=1,

@@ -95,8 +95,9 @@ class TableConfig:
       config dict), or None for keras-rs's default, a truncated normal with
       stddev 1/sqrt(embedding_dim). Rows are initialised as a function of
       (seed, global row), so a table is the same for any replica count.
-    optimizer: The table's own sparse optimizer: "sgd", "adagrad", "adam"
-      (lazy), "ftrl", a Keras optimizer of those classes, or a
+    optimizer: The table's own sparse optimizer: "sgd", "adagrad",
+      "rowwise_adagrad" (static tables, not column-wise), "adam" (lazy),
+      "ftrl", a Keras optimizer of those classes, or a
       `tfde.optimizers.SparseOptimizer`. Applied to touched rows only,
       inside the backward pass. None means SGD with learning rate 0.01.
     combiner: How the ids of one sample combine: "mean", "sum" or "sqrtn".
@@ -206,6 +207,10 @@ class TableConfig:
     # Resolving the optimizer validates it (ValueError naming the option).
     from tfde import optimizers  # pylint: disable=g-import-not-at-top
     self.optimizer = optimizers.get(self.optimizer, table_name=self.name)
+    if self.is_dynamic and self.optimizer.slot_width is not None:
+      raise ValueError(f"{where}: {self.optimizer.kind!r} keeps one slot value per "
+                       "row, and a dynamic table keeps each slot as wide as a row; "
+                       "use a static table (vocabulary_size) or another optimizer")
 
   @property
   def is_dynamic(self):

@@ -153,9 +153,9 @@ class DTensorTable(base.Table):
     return dt.pack(components, self.layout)
 
   def _new_slots(self, optimizer):
+    shape = optimizer.slot_shape([self.rows_per_shard, self.embedding_dim])
     return {name: dt.DVariable(self._pack(lambda s, name=name: tf.fill(
-        [self.rows_per_shard, self.embedding_dim],
-        optimizer.slot_initial_value(name))), trainable=False,
+        shape, optimizer.slot_initial_value(name))), trainable=False,
         name=f"{self.name}/{name}") for name in optimizer.slot_names}
 
   def use_optimizer(self, optimizer):
@@ -188,11 +188,11 @@ class DTensorTable(base.Table):
 
   def _device_views(self):
     if self._views is None:
-      shape = [self.rows_per_shard, self.embedding_dim]
       variables = [self.variable] + [self.slots[s] for s in self.optimizer.slot_names]
+      shapes = [[self.rows_per_shard, v.shape[1]] for v in variables]
       handles = [dt.unpack(v.handle) for v in variables]
       self._views = [[_shard_view(h[i], shape, f"{self.name}_{k}_dev{i}")
-                      for k, h in enumerate(handles)]
+                      for k, (h, shape) in enumerate(zip(handles, shapes))]
                      for i in range(len(self.devices))]
     return self._views
 
@@ -270,7 +270,7 @@ class DTensorTable(base.Table):
 
   def _whole(self, variable):
     shards = self.shard_values(variable)
-    full = np.transpose(shards, [1, 0, 2]).reshape(-1, self.embedding_dim)
+    full = np.transpose(shards, [1, 0, 2]).reshape(-1, shards.shape[-1])
     return tf.constant(full[:self.vocabulary_size])
 
   def state(self, keys=None):
@@ -289,7 +289,8 @@ class DTensorTable(base.Table):
     super().check_state(state, source)
     for key in self.state_keys():
       if key != "step":
-        self._check_shape(state, key, (self.vocabulary_size, self.embedding_dim), source)
+        self._check_shape(state, key, (self.vocabulary_size, self.state_width(key)),
+                          source)
 
   def advise_memory(self):
     # A mesh's variables are DTensors, which tfde's op (plain resource
@@ -305,7 +306,7 @@ class DTensorTable(base.Table):
           step.assign(tf.cast(state["step"], tf.int64))
         continue
       full = np.pad(np.asarray(state[key], np.float32), [[0, padding], [0, 0]])
-      shards = full.reshape(self.rows_per_shard, self.num_shards, self.embedding_dim)
+      shards = full.reshape(self.rows_per_shard, self.num_shards, -1)
       variable = (self.variable if key == "table" else
                   self.slots[key[len(base.SLOT_PREFIX):]])
       variable.assign(self._pack(lambda s, shards=shards: shards[:, s]))

@@ -1,4 +1,5 @@
-"""Sparse per-table optimizers: SGD, Adagrad, lazy Adam and FTRL.
+"""Sparse per-table optimizers: SGD, Adagrad, row-wise Adagrad, lazy Adam
+and FTRL.
 
 Each applies Keras 3's update rule to the rows a step touched, and only to
 them, with the table's own slot variables (sharded like the table). The
@@ -100,6 +101,17 @@ class SparseOptimizer:
     del name
     return 0.0
 
+  # Each slot's row width: None for the table's (one value per element), 1
+  # for one value per row (a row-wise optimizer's).
+  slot_width = None
+
+  def slot_shape(self, shape):
+    """The shape of each slot of a table (shard) of `shape` [rows, dim]."""
+    shape = tf.TensorShape(shape)
+    if self.slot_width is None:
+      return shape
+    return tf.TensorShape([shape[0], self.slot_width])
+
   def create_slots(self, shape, name="table", device=None, creator=None):
     """Creates this optimizer's slot variables for a table (shard)."""
     creator = creator or (lambda initial, slot_name: tf.Variable(
@@ -107,8 +119,8 @@ class SparseOptimizer:
     slots = {}
     with tf.device(device):
       for slot in self.slot_names:
-        initial = tf.fill(shape, tf.constant(self.slot_initial_value(slot),
-                                             tf.float32))
+        initial = tf.fill(self.slot_shape(shape),
+                          tf.constant(self.slot_initial_value(slot), tf.float32))
         slots[slot] = creator(initial, f"{name}/{slot}")
     return slots
 
@@ -258,6 +270,49 @@ class Adagrad(SparseOptimizer):
     return [self.learning_rate_at(step), self.hyper["epsilon"]]
 
 
+class RowwiseAdagrad(SparseOptimizer):
+  """Row-wise Adagrad on touched rows (FBGEMM's `EXACT_ROWWISE_ADAGRAD`,
+  TorchRec's default for embedding tables): one accumulator per row gains
+  the mean of the row's squared gradient, and the whole row steps by
+  g * lr / (sqrt(accumulator) + epsilon). Its slot is [rows, 1]: 4 bytes a
+  row where Adagrad keeps a row's width.
+
+  >>> import tensorflow as tf
+  >>> opt = RowwiseAdagrad(learning_rate=0.5, epsilon=0.0)
+  >>> table = tf.Variable(tf.zeros([2, 2]))
+  >>> slots = opt.create_slots(table.shape)
+  >>> slots["row_accumulator"].shape
+  TensorShape([2, 1])
+  >>> _ = opt.apply(table, slots, tf.constant([1]), tf.constant([[3.0, 4.0]]),
+  ...               step=1)
+  >>> table.numpy()[1].tolist()   # 0.5 / sqrt((9 + 16) / 2) * [3, 4]
+  [-0.4242640733718872, -0.5656854510307312]
+
+  Defaults are FBGEMM's: learning_rate 0.01, epsilon 1e-8, accumulators
+  from 0. A table's slot does not split by columns, so a column-wise
+  sharded table refuses it, as do dynamic tables (their slots are as wide
+  as a row) and TPU embedding (which has no row-wise Adagrad).
+  """
+  kind = "rowwise_adagrad"
+  slot_names = ("row_accumulator",)
+  slot_width = 1
+  defaults = {"initial_accumulator_value": 0.0, "epsilon": 1e-8}
+  default_learning_rate = 0.01
+
+  def _validate(self):
+    super()._validate()
+    for name in ("initial_accumulator_value", "epsilon"):
+      value = self.hyper[name]
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"RowwiseAdagrad: {name} must be a number >= 0, got {value!r}")
+
+  def slot_initial_value(self, name):
+    return self.hyper["initial_accumulator_value"]
+
+  def scalars(self, step):
+    return [self.learning_rate_at(step), self.hyper["epsilon"]]
+
+
 class Adam(SparseOptimizer):
   """Lazy Adam: Keras Adam's formulas, but m, v and w change only for
   touched rows; bias correction uses the table's step count.
@@ -302,7 +357,7 @@ class Ftrl(SparseOptimizer):
             h["learning_rate_power"]]
 
 
-_KINDS = {cls.kind: cls for cls in (SGD, Adagrad, Adam, Ftrl)}
+_KINDS = {cls.kind: cls for cls in (SGD, Adagrad, RowwiseAdagrad, Adam, Ftrl)}
 
 # Keras optimizer class name -> (tfde class, hyper-parameters carried over).
 _KERAS_MAPPING = {
@@ -371,7 +426,8 @@ def get(identifier, table_name="?"):
     return identifier
   if isinstance(identifier, str):
     key = identifier.lower()
-    key = {"lazy_adam": "adam", "lazyadam": "adam"}.get(key, key)
+    key = {"lazy_adam": "adam", "lazyadam": "adam", "row_wise_adagrad": "rowwise_adagrad",
+           "exact_rowwise_adagrad": "rowwise_adagrad"}.get(key, key)
     if key not in _KINDS:
       raise ValueError(f"table {table_name!r}: unknown optimizer "
                        f"{identifier!r}; use one of {sorted(_KINDS)}")

@@ -35,7 +35,7 @@ import yaml
 
 from tfde.config import COMBINERS
 
-TABLE_OPTIMIZERS = ("adagrad", "adam", "ftrl", "sgd")   # tfde.optimizers kinds
+TABLE_OPTIMIZERS = ("adagrad", "adam", "ftrl", "rowwise_adagrad", "sgd")   # tfde.optimizers kinds
 DENSE_OPTIMIZERS = ("adagrad", "adam", "sgd")           # Keras optimizers
 DATA_KINDS = ("synthetic", "movielens")
 # The dense features' input; a sparse feature may not take its name.
@@ -354,7 +354,7 @@ class TableOptimizerConfig(ConfigSection):
   only the rows a step looked up).
 
   Attributes:
-    kind: adagrad, adam (lazy Adam), ftrl or sgd.
+    kind: adagrad, adam (lazy Adam), ftrl, rowwise_adagrad or sgd.
     learning_rate: A finite number > 0.
   """
   kind: str = field(Choice(TABLE_OPTIMIZERS))

@@ -31,7 +31,8 @@ import numpy as np
 from tfde.app import plotting
 
 # Slots -> the sparse optimizer that keeps them (tfde.optimizers).
-OPTIMIZER_BY_SLOTS = {(): "sgd", ("accumulator",): "adagrad", ("m", "v"): "adam",
+OPTIMIZER_BY_SLOTS = {(): "sgd", ("accumulator",): "adagrad",
+                      ("row_accumulator",): "rowwise_adagrad", ("m", "v"): "adam",
                       ("accumulator", "linear"): "ftrl"}
 _TRAINING_KEY = re.compile(r"^(?P<path>.*/tables/(?P<name>[^/]+))/\.ATTRIBUTES/(?P<key>\w+)$")
 _SERVING_KEY = re.compile(r"^(?P<path>.*/_serving_tables/(?P<name>[^/]+))(?P<dynamic>/rows)?"

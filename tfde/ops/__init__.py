@@ -293,9 +293,10 @@ def gather_from_tables(tables, rows, bases):
 
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
                  copy_on_read=True):
-  """`kind`'s update ("sgd", "adagrad", "adam" (lazy), "ftrl") of
-  `variables`, the table then its slots, with the scalar inputs in the
-  order `tfde.optimizers.SparseOptimizer.scalars` gives them.
+  """`kind`'s update ("sgd", "adagrad", "rowwise_adagrad", "adam" (lazy),
+  "ftrl") of `variables`, the table then its slots, with the scalar inputs
+  in the order `tfde.optimizers.SparseOptimizer.scalars` gives them. Slots
+  are shaped like the table, except a row-wise kind's: [rows, 1].
 
   `copy_on_read=False` is for tables read whole every step (a DTensor
   mesh's): the update then copies a buffer only while a read still shares
@@ -313,6 +314,24 @@ def sparse_apply_sgd(var, indices, grad, learning_rate, grad_rows=None):
 def sparse_apply_adagrad(var, accumulator, indices, grad, learning_rate,
                          epsilon, grad_rows=None):
   return sparse_apply("adagrad", [var, accumulator], indices, grad,
+                      [learning_rate, epsilon], grad_rows)
+
+
+def sparse_apply_rowwise_adagrad(var, row_accumulator, indices, grad, learning_rate,
+                                 epsilon, grad_rows=None):
+  """FBGEMM's EXACT_ROWWISE_ADAGRAD on var[indices]: each row's accumulator
+  (`row_accumulator`, [rows, 1]) gains the mean of the row's squared
+  gradient, and the row steps by grad * lr / (sqrt(accumulator) + epsilon).
+
+  >>> import tensorflow as tf
+  >>> var = tf.Variable(tf.ones([3, 2]))
+  >>> acc = tf.Variable(tf.zeros([3, 1]))
+  >>> _ = sparse_apply_rowwise_adagrad(var, acc, tf.constant([1]),
+  ...                                  tf.constant([[3.0, 4.0]]), 1.0, 0.0)
+  >>> acc.numpy().ravel().tolist()   # (9 + 16) / 2
+  [0.0, 12.5, 0.0]
+  """
+  return sparse_apply("rowwise_adagrad", [var, row_accumulator], indices, grad,
                       [learning_rate, epsilon], grad_rows)
 
 

@@ -131,9 +131,14 @@ def _rows(grad_rows):
 
 # Each optimizer kind's op, for static variables and for dynamic tables.
 _SPARSE_APPLY_OPS = {"sgd": "tfde_sparse_apply_sgd", "adagrad": "tfde_sparse_apply_adagrad",
+                     "rowwise_adagrad": "tfde_sparse_apply_rowwise_adagrad",
                      "adam": "tfde_sparse_apply_lazy_adam", "ftrl": "tfde_sparse_apply_ftrl"}
+# Dynamic tables keep every slot as wide as a row: no row-wise kind.
 _DYNAMIC_APPLY_OPS = {kind: op.replace("tfde_sparse_apply", "tfde_dynamic_table_apply")
-                      for kind, op in _SPARSE_APPLY_OPS.items()}
+                      for kind, op in _SPARSE_APPLY_OPS.items()
+                      if kind not in reference.ROW_WISE_KINDS}
+# Kinds with a CPU kernel only: on a GPU their twin (stock TF ops) updates.
+_CPU_ONLY_KINDS = frozenset({"rowwise_adagrad"})
 
 
 def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum"):
@@ -144,6 +149,9 @@ def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum")
 
 def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
                  copy_on_read=True):
+  if kind in _CPU_ONLY_KINDS and types.on_gpu(variables[0].device):
+    return reference.sparse_apply(kind, variables, indices, grad, scalars, grad_rows,
+                                  copy_on_read)
   handles = [v.handle for v in variables]
   indices = index_tensor(indices, "indices")
   scalars = [_scalar(x) for x in scalars]

@@ -262,13 +262,22 @@ def bag_gradient_index(inverse, row_splits, weights, num_unique, combiner="sum")
   return segments, tf.gather(bag_of, order), tf.gather(coefficient, order)
 
 
-def check_sparse_update(variables, indices, grad):
+def check_sparse_update(variables, indices, grad, kind=None):
   """The kernels' checks of a sparse update's targets and rows, before any
-  write: slots shaped like the table, grad as wide, rows in range and
-  none repeated."""
+  write: slots shaped like the table (a row-wise `kind`'s [rows, 1]), grad
+  as wide, rows in range and none repeated."""
   table = variables[0]
   checks = []
+  row_wise = kind in ROW_WISE_KINDS
   for v in variables[1:]:
+    if row_wise:
+      want = tf.TensorShape([table.shape[0], 1])
+      fits = (v.shape == want if v.shape.is_fully_defined() and want.is_fully_defined()
+              else tf.reduce_all(tf.equal(tf.shape(v), [tf.shape(table)[0], 1])))
+      checks += check(fits, f"slot variable {v.name} has shape ", *shape_parts(v),
+                      " but the table has ", *shape_parts(table),
+                      ", so the slot must have shape [", dim(table, 0), ",1]")
+      continue
     checks += check(v.shape == table.shape if v.shape.is_fully_defined() and
                     table.shape.is_fully_defined() else
                     tf.reduce_all(tf.equal(tf.shape(v), tf.shape(table))),
@@ -319,6 +328,14 @@ def adagrad_rows(rows, grad, learning_rate, epsilon):
   return [rows[0] - _f32(learning_rate) * grad / tf.sqrt(acc + _f32(epsilon)), acc]
 
 
+def rowwise_adagrad_rows(rows, grad, learning_rate, epsilon):
+  # FBGEMM's EXACT_ROWWISE_ADAGRAD: rows[1] is [k, 1], one value per row.
+  width = tf.cast(tf.shape(grad)[1], tf.float32)
+  acc = rows[1] + tf.reduce_sum(grad * grad, axis=1, keepdims=True) / width
+  multiplier = _f32(learning_rate) / (tf.sqrt(acc) + _f32(epsilon))
+  return [rows[0] - grad * multiplier, acc]
+
+
 def lazy_adam_rows(rows, grad, learning_rate, beta_1, beta_2, epsilon, step):
   step, beta_1, beta_2 = _f32(step), _f32(beta_1), _f32(beta_2)
   alpha = (_f32(learning_rate) * tf.sqrt(1.0 - tf.pow(beta_2, step)) /
@@ -344,15 +361,19 @@ def ftrl_rows(rows, grad, learning_rate, l1, l2, l2_shrinkage, beta,
 
 
 ROW_UPDATES = {"sgd": sgd_rows, "adagrad": adagrad_rows,
+               "rowwise_adagrad": rowwise_adagrad_rows,
                "adam": lazy_adam_rows, "ftrl": ftrl_rows}
 # How many optimizer slots each kind keeps beside the table.
-NUM_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 2}
+NUM_SLOTS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 1, "adam": 2, "ftrl": 2}
+# Kinds whose slots hold one value per row ([rows, 1]), not one per element.
+ROW_WISE_KINDS = frozenset({"rowwise_adagrad"})
 
 
 # The scalar inputs of each kind's update, in order, as the ops name them.
 SCALAR_NAMES = {
     "sgd": ("learning_rate",),
     "adagrad": ("learning_rate", "epsilon"),
+    "rowwise_adagrad": ("learning_rate", "epsilon"),
     "adam": ("learning_rate", "beta_1", "beta_2", "epsilon", "step"),
     "ftrl": ("learning_rate", "l1", "l2", "l2_shrinkage", "beta", "learning_rate_power"),
 }
@@ -391,7 +412,7 @@ def sparse_apply(kind, variables, indices, grad, scalars, grad_rows=None,
   checks += check_update_inputs(indices, grad, grad_rows, "indices")
   with tf.control_dependencies(checks):
     grad = select_rows(grad, grad_rows, tf.size(indices))
-  checks += check_sparse_update(variables, indices, grad)
+  checks += check_sparse_update(variables, indices, grad, kind)
   with tf.control_dependencies(checks):
     rows = [tf.gather(v, indices) for v in variables]
     new_rows = ROW_UPDATES[kind](rows, grad, *scalars)

@@ -170,7 +170,7 @@ def sparse_apply_rounded(kind, variables, indices, grad, scalars, noise_of,
   checks += check_update_inputs(indices, grad, grad_rows, "indices")
   with tf.control_dependencies(checks):
     grad = select_rows(grad, grad_rows, tf.size(indices))
-  checks += check_sparse_update(variables, indices, grad)
+  checks += check_sparse_update(variables, indices, grad, kind)
   with tf.control_dependencies(checks):
     rows = [tf.cast(tf.gather(table, indices), tf.float32)] + [
         tf.gather(v, indices) for v in variables[1:]]

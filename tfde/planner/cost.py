@@ -103,7 +103,8 @@ class TableStats:
   Attributes:
     name, rows, width: the table (rows: its vocabulary size, or for a
       dynamic table the rows it is expected to hold).
-    slots: optimizer slot arrays per row (0 SGD, 1 Adagrad, 2 Adam, FTRL).
+    slots: optimizer slot values per row element (0 SGD, 1 Adagrad, 2 Adam,
+      FTRL; 1 / width for row-wise Adagrad's one value per row).
     dynamic: a dynamic table.
     ids_per_sample: ids per sample over its features.
     unique_per_replica: unique ids in one replica's batch (U).
@@ -114,7 +115,7 @@ class TableStats:
   name: str
   rows: int
   width: int
-  slots: int
+  slots: float
   dynamic: bool
   ids_per_sample: float
   unique_per_replica: float
@@ -151,6 +152,8 @@ def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=No
   stats = {}
   for name, (config, features) in _table_configs(feature_configs).items():
     slots = len(config.optimizer.slot_names)
+    if config.optimizer.slot_width is not None:
+      slots *= config.optimizer.slot_width / config.embedding_dim
     measured = sample_inputs is not None and all(f.name in sample_inputs
                                                  for f in features)
     if measured:

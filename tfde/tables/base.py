@@ -116,9 +116,19 @@ def state_checksum(state):
   return crc
 
 
+def check_slot_layout(table, optimizer):
+  """Raises ValueError when `table`'s kind cannot keep `optimizer`'s slots:
+  a row-wise optimizer's one value per row needs whole rows."""
+  why = table.row_wise_slots_refused
+  if optimizer.slot_width is not None and why:
+    raise ValueError(f"table {table.name!r}: {optimizer.kind!r} keeps one slot value "
+                     f"per row, and {why}")
+
+
 def switches_optimizer(table, optimizer):
   """True when `optimizer` is of another kind than the table's (new slots
   needed), which only an untrained table allows; else adopts it as is."""
+  check_slot_layout(table, optimizer)
   if optimizer.kind == table.optimizer.kind:
     table.optimizer = optimizer
     return False
@@ -139,6 +149,10 @@ class Table(tf.Module):
     optimizer: its sparse optimizer (`tfde.optimizers`).
     steps: replica -> int64 step variable (optimizer steps applied).
   """
+
+  # Why this kind cannot keep a row-wise optimizer's [rows, 1] slots (None:
+  # it can).
+  row_wise_slots_refused = None
 
   is_dynamic = False
   replicated = False
@@ -274,6 +288,13 @@ class Table(tf.Module):
     return (["table"] + [SLOT_PREFIX + s for s in self.optimizer.slot_names] +
             ["step"])
 
+  def state_width(self, key):
+    """The columns of state key `key` (not "step"): a row's, or 1 for the
+    slots of a row-wise optimizer (`tfde.optimizers.RowwiseAdagrad`)."""
+    if key.startswith(SLOT_PREFIX) and self.optimizer.slot_width is not None:
+      return self.optimizer.slot_width
+    return self.embedding_dim
+
   def state(self, keys=None):
     """dict of key -> tensor: the whole table, whatever the replica count
     (a collective when shards live in other processes); `keys` limits it to
@@ -405,7 +426,7 @@ class Table(tf.Module):
     self._check_shape(changes, CHANGED_IDS, (rows,), "checkpoint")
     for key in self.state_keys():
       if key == "table" or key.startswith(SLOT_PREFIX):
-        self._check_shape(changes, key, (rows, self.embedding_dim), "checkpoint")
+        self._check_shape(changes, key, (rows, self.state_width(key)), "checkpoint")
 
   def apply_changes(self, changes):
     """Writes `changes` (see `changes_since`) into the table: afterwards it

@@ -56,6 +56,11 @@ def check_slices(config, owners, widths):
     raise ValueError(
         f"{where} has max_norm: column_wise does not apply (a row's norm spans "
         "all its columns, which no slice holds); use row_wise or table_wise")
+  if config.optimizer.slot_width is not None:
+    raise ValueError(
+        f"{where} trains with {config.optimizer.kind!r}, which keeps one "
+        "accumulator per whole row: column_wise does not apply (no slice "
+        "holds a whole row); use row_wise, table_wise or table_row_wise")
   if config.dtype != "float32":
     raise ValueError(
         f"{where} stores {config.dtype} rows: column_wise does not apply (each "
@@ -120,7 +125,11 @@ class ColumnWiseTable(base.Table):
     for s in self.__dict__.get("slices", []):
       s.optimizer = value
 
+  row_wise_slots_refused = ("a column-wise table's slices hold no whole row; use "
+                            "row_wise, table_wise or table_row_wise")
+
   def use_optimizer(self, optimizer):
+    base.check_slot_layout(self, optimizer)
     for s in self.slices:
       s.use_optimizer(optimizer)
 

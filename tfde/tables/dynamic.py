@@ -58,6 +58,8 @@ class DynamicTable(base.Table):
   restores onto any number of replicas.
   """
 
+  row_wise_slots_refused = "a dynamic table keeps each slot as wide as a row"
+
   is_dynamic = True
   routes_ids = True
 

@@ -56,9 +56,9 @@ class WholeTableSaveable(saveable_object.SaveableObject):
     marker = tf.no_op(name=f"{PREFIX}{table.name}")
     state = table.state()
     self._keys = list(state)
-    # Rows and slots are [rows, dim]; a dynamic table's row count is known
-    # only when it runs.
-    self._shapes = {k: v.shape.merge_with([None, table.embedding_dim])
+    # Rows and slots are [rows, dim] (a row-wise optimizer's slots [rows,
+    # 1]); a dynamic table's row count is known only when it runs.
+    self._shapes = {k: v.shape.merge_with([None, table.state_width(k)])
                     if v.shape.rank == 2 else v.shape for k, v in state.items()}
     specs = [saveable_object.SaveSpec(v, "", name + k) for k, v in state.items()]
     super().__init__(table, specs, marker.name)

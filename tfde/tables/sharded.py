@@ -133,8 +133,9 @@ class ShardedTable(base.Table):
 
   # ---- whole-table state: [V, D] tensors from the shards, and back
 
-  def _gathered(self, variables_by_replica):
-    """The [V, D] table from local shard variables, as a tensor."""
+  def _gathered(self, variables_by_replica, width=None):
+    """The [V, width] table (width: a row's by default) from local shard
+    variables, as a tensor."""
     if self.replicated:
       return tf.convert_to_tensor(variables_by_replica[min(variables_by_replica)])
     # [N, rows, D], from other processes too (a collective: every process
@@ -143,7 +144,7 @@ class ShardedTable(base.Table):
         {r: v.read_value() for r, v in variables_by_replica.items()})
     # Global row local * N + shard: interleave the shards row by row.
     full = tf.reshape(tf.transpose(shards, [1, 0, 2]),
-                      [self.rows_per_shard * self.num_shards, self.embedding_dim])
+                      [self.rows_per_shard * self.num_shards, width or self.embedding_dim])
     return full[:self.vocabulary_size]
 
   def _sharded(self, full):
@@ -152,8 +153,7 @@ class ShardedTable(base.Table):
       return {r: full for r in self.shards}
     padding = self.rows_per_shard * self.num_shards - self.vocabulary_size
     full = tf.pad(full, [[0, padding], [0, 0]])
-    full = tf.reshape(full, [self.rows_per_shard, self.num_shards,
-                             self.embedding_dim])
+    full = tf.reshape(full, [self.rows_per_shard, self.num_shards, -1])
     return {r: full[:, r] for r in self.shards}
 
   def _variables(self, key):
@@ -164,7 +164,7 @@ class ShardedTable(base.Table):
     return {r: s[slot] for r, s in self.slots.items()}
 
   def state(self, keys=None):
-    tensors = {key: self._gathered(self._variables(key))
+    tensors = {key: self._gathered(self._variables(key), self.state_width(key))
                for key in keys or self.state_keys() if key != "step"}
     if keys is None or "step" in keys:
       tensors["step"] = tf.convert_to_tensor(self.steps[min(self.steps)])
@@ -172,10 +172,10 @@ class ShardedTable(base.Table):
 
   def check_state(self, state, source="checkpoint"):
     super().check_state(state, source)
-    expected = (self.vocabulary_size, self.embedding_dim)
     for key in self.state_keys():
       if key != "step":
-        self._check_shape(state, key, expected, source)
+        self._check_shape(state, key, (self.vocabulary_size, self.state_width(key)),
+                          source)
 
   def _load_state(self, state, source):
     self.check_state(state, source)
@@ -235,7 +235,7 @@ class ShardedTable(base.Table):
               for key in keys]
         else:  # a replica holding none of this table's rows
           parts[replica] = [tf.zeros([0], tf.int64)] + [
-              tf.zeros([0, self.embedding_dim]) for _ in keys]
+              tf.zeros([0, self.state_width(key)]) for key in keys]
     gathered = [p.numpy() for p in self.comm.concat_replica_values(parts)]
     order = np.argsort(gathered[0], kind="stable")
     changes = {key: part[order]
@@ -274,4 +274,5 @@ class ShardedTable(base.Table):
     return self._gathered(self.shards).numpy()
 
   def full_slot(self, slot_name):
-    return self._gathered(self._variables(base.SLOT_PREFIX + slot_name)).numpy()
+    key = base.SLOT_PREFIX + slot_name
+    return self._gathered(self._variables(key), self.state_width(key)).numpy()

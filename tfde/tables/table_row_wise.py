@@ -86,25 +86,26 @@ class TableRowWiseTable(table_wise.OwnedRows, sharded.ShardedTable):
 
   # ---- whole-table state: the owners' shards interleaved
 
-  def _gathered(self, variables_by_replica):
+  def _gathered(self, variables_by_replica, width=None):
+    width = width or self.embedding_dim
     dtype = self.config.dtype if variables_by_replica is self.shards else tf.float32
     # The owners' shards, in replica order, from every process (a
     # collective); the others send nothing.
     parts = {r: [variables_by_replica[r].read_value() if r in variables_by_replica
-                 else tf.zeros([0, self.embedding_dim], dtype)]
+                 else tf.zeros([0, width], dtype)]
              for r in self.comm.local_replicas()}
     by_replica = tf.reshape(self.comm.concat_replica_values(parts)[0],
-                            [self._split, self.rows_per_shard, self.embedding_dim])
+                            [self._split, self.rows_per_shard, width])
     in_replica_order = sorted(self.owner)
     shards = tf.gather(by_replica, [in_replica_order.index(o) for o in self.owner])
     full = tf.reshape(tf.transpose(shards, [1, 0, 2]),
-                      [self.rows_per_shard * self._split, self.embedding_dim])
+                      [self.rows_per_shard * self._split, width])
     return full[:self.vocabulary_size]
 
   def _sharded(self, full):
     padding = self.rows_per_shard * self._split - self.vocabulary_size
     full = tf.reshape(tf.pad(full, [[0, padding], [0, 0]]),
-                      [self.rows_per_shard, self._split, self.embedding_dim])
+                      [self.rows_per_shard, self._split, -1])
     return {r: full[:, self.owner.index(r)] for r in self.shards}
 
   def _global_ids(self, replica, local):

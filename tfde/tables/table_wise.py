@@ -129,13 +129,13 @@ class TableWiseTable(OwnedRows, sharded.ShardedTable):
                                 self.embedding_dim)
     return noise_of
 
-  def _gathered(self, variables_by_replica):
+  def _gathered(self, variables_by_replica, width=None):
     # The owner's [V, D]; other replicas contribute nothing (a collective
     # when the owner lives in another process).
     # Rows in the table's type, slots in float32.
     dtype = self.config.dtype if variables_by_replica is self.shards else tf.float32
     parts = {r: [variables_by_replica[r].read_value() if r in variables_by_replica
-                 else tf.zeros([0, self.embedding_dim], dtype)]
+                 else tf.zeros([0, width or self.embedding_dim], dtype)]
              for r in self.comm.local_replicas()}
     if self.comm.num_replicas == 1:
       return parts[self.owner][0]
