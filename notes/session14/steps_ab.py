@@ -1,0 +1,30 @@
+"""The bench's SGD, Adagrad and row-wise Adagrad steps, alternating in one process
+(median ms over rounds), each on its own tables."""
+import statistics, sys, time
+sys.path.insert(0, "bench")
+import numpy as np
+import tensorflow as tf
+import tfde
+from workload import Workload, lookup_steps
+from ops_bench import with_optimizer
+
+work = Workload()
+ids = work.ids(seed=0)
+rng = np.random.default_rng(1)
+inputs = {f"f{t}": tf.constant(ids[t]) for t in range(work.tables)}
+targets = {f"f{t}": tf.constant(rng.normal(size=(work.batch, work.dim)), tf.float32)
+           for t in range(work.tables)}
+loss_of = lambda out: tf.add_n([tf.reduce_sum(out[k] * targets[k]) for k in out])
+steps = {}
+for name, opt in (("SGD", tfde.optimizers.SGD(0.01)), ("Adagrad", tfde.optimizers.Adagrad(0.01)),
+                  ("row-wise Adagrad", tfde.optimizers.RowwiseAdagrad(0.01, epsilon=1e-7))):
+  lookup = tfde.lookup.ShardedLookup(with_optimizer(work.feature_configs(), opt))
+  steps[name] = (lookup, lookup_steps(lookup, inputs, loss_of)[1])
+for _, s in steps.values():
+  for _ in range(3): s()
+rounds = {k: [] for k in steps}
+for _ in range(int(sys.argv[1]) if len(sys.argv) > 1 else 15):
+  for k, (_, s) in steps.items():
+    t = time.perf_counter(); s().numpy(); rounds[k].append((time.perf_counter() - t) * 1e3)
+for k, v in rounds.items():
+  print(f"{k:17s} median {statistics.median(v):6.2f}  min {min(v):6.2f}")
