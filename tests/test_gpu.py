@@ -198,7 +198,7 @@ def _mirrored(n):
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
-@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "ftrl"])
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "ftrl", "rowwise_adagrad"])
 @pytest.mark.parametrize("runtime", ["none", "mirrored1", "mirrored2"])
 def test_training_equals_unsharded_reference(runtime, kind, weighted):
   """The harness of tests/test_sharded.py (three tables, five features of

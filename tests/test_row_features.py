@@ -244,7 +244,8 @@ def _clipping_reference(configs, initial, batches):
 
 
 @pytest.mark.parametrize("num_replicas,kind,variant",
-                         [(1, "sgd", 0), (2, "adagrad", 1), (4, "adam", 2)])
+                         [(1, "sgd", 0), (2, "adagrad", 1), (4, "adam", 2),
+                          (2, "rowwise_adagrad", 0)])
 def test_clipping_and_max_norm_equal_numpy(num_replicas, kind, variant):
   from tests.test_sharded import sharded_run
   strategy = mirrored(num_replicas)
@@ -680,7 +681,7 @@ def test_stochastic_rounding_is_unbiased_and_reproducible():
   assert abs(half.mean() - exact) < 5 * np.sqrt(20 * (2.0**-11)**2 / 4 / half.size)
 
 
-@pytest.mark.parametrize("kind", ["adam"])
+@pytest.mark.parametrize("kind", ["adam", "rowwise_adagrad"])
 def test_reduced_precision_tables_sharded_forward_and_update(kind):
   """bfloat16 and float16 tables under N = 1, 2, 4: lookups equal numpy
   combines of the stored rows in float32; after a step each updated
