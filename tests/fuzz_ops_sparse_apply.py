@@ -1,4 +1,5 @@
-"""Fuzz cases of sparse_apply (rows updated by SGD, Adagrad, Adam or FTRL,
+"""Fuzz cases of sparse_apply (rows updated by SGD, Adagrad, row-wise
+Adagrad, Adam or FTRL,
 from gradient rows or from bags), with the numpy updates and slots they
 are checked against.
 """
@@ -16,16 +17,19 @@ from tests.fuzz_oracle import (I64_MAX, I64_MIN, WRAP, Op, _float_scalar, _int_v
 HP = {
     "sgd": dict(learning_rate=0.3),
     "adagrad": dict(learning_rate=0.2, epsilon=1e-7),
+    "rowwise_adagrad": dict(learning_rate=0.2, epsilon=1e-8),
     "adam": dict(learning_rate=0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-7),
     "ftrl": dict(learning_rate=0.1, l1=0.01, l2=0.02, l2_shrinkage=0.03, beta=0.1,
                  learning_rate_power=-0.5),
 }
 SCALAR_NAMES = {"sgd": ["learning_rate"], "adagrad": ["learning_rate", "epsilon"],
+                "rowwise_adagrad": ["learning_rate", "epsilon"],
                 "adam": ["learning_rate", "beta_1", "beta_2", "epsilon", "step"],
                 "ftrl": ["learning_rate", "l1", "l2", "l2_shrinkage", "beta",
                          "learning_rate_power"]}
-NUM_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 2}
-SLOT_INITIAL = {"sgd": (), "adagrad": (0.1,), "adam": (0.0, 0.0), "ftrl": (0.1, 0.0)}
+NUM_SLOTS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 1, "adam": 2, "ftrl": 2}
+SLOT_INITIAL = {"sgd": (), "adagrad": (0.1,), "rowwise_adagrad": (0.0,), "adam": (0.0, 0.0),
+                "ftrl": (0.1, 0.0)}
 
 
 def _scalars(rng, kind):
@@ -51,6 +55,8 @@ def _slot_arrays(rng, kind, shape):
   slots = []
   if kind == "adagrad":
     slots = [rng.uniform(0.1, 1.0, size=shape)]
+  elif kind == "rowwise_adagrad":
+    slots = [rng.uniform(0.1, 1.0, size=(shape[0], 1))]  # one value per row
   elif kind == "adam":
     slots = [rng.normal(size=shape), rng.uniform(0.0, 1.0, size=shape)]
   elif kind == "ftrl":
@@ -345,7 +351,9 @@ class SparseApply(Op):
     _refuse_if(len(inp["scalars"]) != len(SCALAR_NAMES[kind]), "wrong number of scalars")
     for v in variables:
       _refuse_if(v.dtype != np.float32 or v.ndim != 2, "a variable is not a float32 matrix")
-      _refuse_if(v.shape != table.shape, "a slot differs from the table in shape")
+    slot_shape = (table.shape[0], 1) if kind == "rowwise_adagrad" else table.shape
+    for v in inp["slots"]:
+      _refuse_if(v.shape != slot_shape, "a slot's shape is not the table's (row-wise: [V, 1])")
     for s in inp["scalars"]:
       _refuse_if(isinstance(s, np.ndarray) and s.ndim != 0, "a scalar is not a scalar")
     hp, step = _hp_of(kind, inp["scalars"])

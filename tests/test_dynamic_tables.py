@@ -122,6 +122,16 @@ def test_rowwise_adagrad_is_refused_for_dynamic_tables_by_name():
   assert table.optimizer.kind == kind == table.config.optimizer.kind
 
 
+def test_a_dynamic_store_refuses_a_row_wise_update(op_backend):
+  """Below the table too: the store (kernel and twin) has no row-wise
+  update, and says so rather than apply another rule."""
+  table = tfde.tables.DynamicTable(table_config("adagrad"))
+  store = table.stores[0]
+  with pytest.raises(ValueError, match="dynamic tables have no 'rowwise_adagrad' update"):
+    store.apply("rowwise_adagrad", tf.constant([1], tf.int64), tf.ones([1, DIM]),
+                [0.1, 1e-8])
+
+
 # ---- admission and eviction, scripted
 
 

@@ -427,3 +427,28 @@ def test_a_one_replica_strategy_keeps_its_tables_on_its_device():
     np.testing.assert_allclose(outputs[f], want_outputs[f], rtol=RTOL, atol=ATOL)
   for name in want_tables:
     np.testing.assert_allclose(final[name], want_tables[name], rtol=RTOL, atol=ATOL)
+
+
+def test_an_update_with_another_kind_of_optimizer_changes_nothing():
+  """A table keeps the slots of its own optimizer's kind: an update asking
+  for another kind is refused by name before its step advances."""
+  table = tfde.tables.ShardedTable(tfde.TableConfig(
+      name="t", vocabulary_size=6, embedding_dim=2, optimizer="adagrad"))
+  before = table.full_table()
+  with pytest.raises(ValueError, match="table 't' keeps slots for 'adagrad', not "
+                                       "'rowwise_adagrad'"):
+    table.apply_gradient(0, tf.constant([1], tf.int64), tf.ones([1, 2]),
+                         optimizer=tfde.optimizers.RowwiseAdagrad())
+  assert table.step_value() == 0
+  np.testing.assert_array_equal(table.full_table(), before)
+
+
+def test_rowwise_adagrad_refuses_zero_epsilon_and_accumulator():
+  """With both 0, a row whose first gradient is 0 would step by 0 / 0."""
+  with pytest.raises(ValueError, match="epsilon and initial_accumulator_value are both 0"):
+    tfde.optimizers.RowwiseAdagrad(epsilon=0.0)
+  assert tfde.optimizers.RowwiseAdagrad(epsilon=0.0,
+                                        initial_accumulator_value=0.1).hyper["epsilon"] == 0
+  config = tfde.optimizers.RowwiseAdagrad(learning_rate=0.2).get_config()
+  assert tfde.optimizers.SparseOptimizer.from_config(config) == \
+      tfde.optimizers.RowwiseAdagrad(learning_rate=0.2)

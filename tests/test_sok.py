@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import tfde.compat.sok as sok
+from tfde import optimizers as tfde_optimizers
 from tests import oracles
 from tests.test_sharded import mirrored
 
@@ -161,3 +162,18 @@ def test_v1_training_loop_with_split_and_sok_adam():
   np.testing.assert_array_equal(full[[0, 4, 5]], 0.5)  # untouched rows
   dynamic = sok.All2AllDenseEmbedding(20, 2, slot_num=1, nnz_per_slot=1, dynamic_input=True)
   assert dynamic(tf.constant([2**50, -9], tf.int64)).shape == (2, 2)
+
+
+def test_a_refused_optimizer_switches_no_table():
+  """The wrapper checks every table before it switches any: row-wise
+  Adagrad, which a dynamic variable cannot keep, is refused by name and the
+  static variable beside it keeps its optimizer."""
+  static = sok.Variable(np.zeros((4, 2), np.float32))
+  dynamic = sok.DynamicVariable(dimension=2)
+  kinds = [sok._table_of(v).optimizer.kind for v in (static, dynamic)]  # pylint: disable=protected-access
+  wrapper = sok.OptimizerWrapper(tfde_optimizers.RowwiseAdagrad())
+  grads = [tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0], tf.int64)) for _ in range(2)]
+  with pytest.raises(ValueError, match="'rowwise_adagrad' keeps one slot value per row, "
+                                       "and a dynamic table"):
+    wrapper.apply_gradients(zip(grads, [static, dynamic]))
+  assert [sok._table_of(v).optimizer.kind for v in (static, dynamic)] == kinds  # pylint: disable=protected-access

@@ -743,11 +743,26 @@ def test_movielens_tpu_example_runs_under_mirrored_strategy():
   assert np.isfinite(rmse) and rmse < 1.05 * baseline, last
 
 
-def test_rowwise_adagrad_has_no_tpu_form():
-  """TPU embedding has no row-wise Adagrad: the mapping refuses it by name
-  rather than train with another rule."""
+def test_rowwise_adagrad_has_no_tpu_form(tmp_path):
+  """TPU embedding has no row-wise Adagrad: the mapping, and TPU checkpoints
+  both ways, refuse it by name (the table unchanged) rather than train or
+  load with another rule."""
   with pytest.raises(ValueError, match="table 't'.*'rowwise_adagrad' has no TPU form"):
     tfde.tpu.to_tpu_optimizer(tfde.optimizers.RowwiseAdagrad(), "t")
+  source, configs = _trained_lookup(tf.distribute.get_strategy(), steps=1)
+  path = tfde.tpu.write_tpu_checkpoint(source, str(tmp_path / "ck"))
+  row_wise = {name: tfde.FeatureConfig(name=name, table=dataclasses.replace(
+      f.table, optimizer=tfde.optimizers.RowwiseAdagrad())) for name, f in configs.items()}
+  target = h.sharded_lookup(row_wise)
+  before = target.table_values()
+  with pytest.raises(ValueError, match="table 't_0': optimizer 'rowwise_adagrad' has no "
+                                       "TPU form"):
+    tfde.tpu.restore_tpu_checkpoint(target, path)
+  for name, values in target.table_values().items():
+    np.testing.assert_array_equal(values, before[name])
+  with pytest.raises(ValueError, match="table 't_0': optimizer 'rowwise_adagrad' has no "
+                                       "TPU form"):
+    tfde.tpu.write_tpu_checkpoint(target, str(tmp_path / "other"))
 
 
 def test_learning_rate_schedule_is_carried_to_tpu():

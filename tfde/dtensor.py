@@ -202,7 +202,7 @@ class DTensorTable(base.Table):
     device sums the gradients of the rows it owns and updates them in place
     in its component; nothing else is read or written. Eager (one function
     call running on every device at once)."""
-    optimizer = optimizer or self.optimizer
+    optimizer = self.update_optimizer(optimizer)
     key = (optimizer.kind, id(optimizer))
     if self._apply_function is None or self._apply_function[0] != key:
       self._apply_function = (key, self._make_apply_function(optimizer))

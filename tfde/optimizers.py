@@ -278,15 +278,15 @@ class RowwiseAdagrad(SparseOptimizer):
   row where Adagrad keeps a row's width.
 
   >>> import tensorflow as tf
-  >>> opt = RowwiseAdagrad(learning_rate=0.5, epsilon=0.0)
+  >>> opt = RowwiseAdagrad(learning_rate=0.5)
   >>> table = tf.Variable(tf.zeros([2, 2]))
   >>> slots = opt.create_slots(table.shape)
   >>> slots["row_accumulator"].shape
   TensorShape([2, 1])
   >>> _ = opt.apply(table, slots, tf.constant([1]), tf.constant([[3.0, 4.0]]),
   ...               step=1)
-  >>> table.numpy()[1].tolist()   # 0.5 / sqrt((9 + 16) / 2) * [3, 4]
-  [-0.4242640733718872, -0.5656854510307312]
+  >>> tuple(table.numpy()[1].round(4))   # -0.5 / sqrt((9 + 16) / 2) * (3, 4)
+  (-0.4243, -0.5657)
 
   Defaults are FBGEMM's: learning_rate 0.01, epsilon 1e-8, accumulators
   from 0. A table's slot does not split by columns, so a column-wise
@@ -305,6 +305,11 @@ class RowwiseAdagrad(SparseOptimizer):
       value = self.hyper[name]
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ValueError(f"RowwiseAdagrad: {name} must be a number >= 0, got {value!r}")
+    if not (self.hyper["epsilon"] > 0 or self.hyper["initial_accumulator_value"] > 0):
+      # A row looked up with an all-zero gradient would step by 0 / 0.
+      raise ValueError("RowwiseAdagrad: epsilon and initial_accumulator_value are both "
+                       "0, so a row whose first gradient is 0 would become NaN; make "
+                       "one of them positive")
 
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"]

@@ -164,8 +164,12 @@ class OptimizerWrapper:
 
   def apply_gradients(self, grads_and_vars):
     grads_and_vars = list(grads_and_vars)
-    for _, var in grads_and_vars:
-      _table_of(var).use_optimizer(self._optimizer)
+    tables = [_table_of(var) for _, var in grads_and_vars]
+    # Every table checked before any switches: a refusal leaves all as they were.
+    for table in tables:
+      tables_lib.base.check_switch(table, self._optimizer)
+    for table in tables:
+      table.use_optimizer(self._optimizer)
     return self._optimizer.apply_gradients(grads_and_vars)
 
 

@@ -327,7 +327,7 @@ def sparse_apply_rowwise_adagrad(var, row_accumulator, indices, grad, learning_r
   >>> var = tf.Variable(tf.ones([3, 2]))
   >>> acc = tf.Variable(tf.zeros([3, 1]))
   >>> _ = sparse_apply_rowwise_adagrad(var, acc, tf.constant([1]),
-  ...                                  tf.constant([[3.0, 4.0]]), 1.0, 0.0)
+  ...                                  tf.constant([[3.0, 4.0]]), 1.0, 1e-8)
   >>> acc.numpy().ravel().tolist()   # (9 + 16) / 2
   [0.0, 12.5, 0.0]
   """

@@ -272,6 +272,9 @@ class NativeDynamicStore:
         insert=insert)
 
   def apply(self, kind, ids, grad, scalars, grad_rows=None, by_address=False):
+    if kind not in _DYNAMIC_APPLY_OPS:
+      raise ValueError(f"dynamic tables have no {kind!r} update (their slots are as "
+                       "wide as a row)")
     op = getattr(load(), _DYNAMIC_APPLY_OPS[kind])
     return op(self._handle, tf.reshape(_int64(ids, "ids"), [-1]),
               tf.cast(grad, tf.float32), _rows(grad_rows),

@@ -138,7 +138,7 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
       missing, kind, replica = shortfall
       raise PlanError(
           f"table {name!r} ({stats[name].rows} rows x {stats[name].width}, "
-          f"{stats[name].slots} optimizer slots) does not fit: its smallest "
+          f"{stats[name].slots:g} row-sized optimizer slots) does not fit: its smallest "
           f"layout ({kind}) needs {int(math.ceil(missing))} bytes more than "
           f"replica {replica} has left of its {memory_per_replica_bytes} "
           f"(tables placed before it: {sorted(layouts)})")

@@ -125,17 +125,25 @@ def check_slot_layout(table, optimizer):
                      f"per row, and {why}")
 
 
-def switches_optimizer(table, optimizer):
-  """True when `optimizer` is of another kind than the table's (new slots
-  needed), which only an untrained table allows; else adopts it as is."""
+def check_switch(table, optimizer):
+  """Raises ValueError naming the table when it cannot train with
+  `optimizer` from now on (changes nothing): slots it cannot keep, or
+  another kind's after it has trained."""
   check_slot_layout(table, optimizer)
-  if optimizer.kind == table.optimizer.kind:
-    table.optimizer = optimizer
-    return False
-  if any(int(step.numpy()) for step in table.steps.values()):
+  if optimizer.kind != table.optimizer.kind and any(
+      int(step.numpy()) for step in table.steps.values()):
     raise ValueError(f"table {table.name!r} has been trained with "
                      f"{table.optimizer.kind!r}; it cannot switch to "
                      f"{optimizer.kind!r}")
+
+
+def switches_optimizer(table, optimizer):
+  """True when `optimizer` is of another kind than the table's (new slots
+  needed), which only an untrained table allows; else adopts it as is."""
+  check_switch(table, optimizer)
+  if optimizer.kind == table.optimizer.kind:
+    table.optimizer = optimizer
+    return False
   return True
 
 
@@ -153,6 +161,16 @@ class Table(tf.Module):
   # Why this kind cannot keep a row-wise optimizer's [rows, 1] slots (None:
   # it can).
   row_wise_slots_refused = None
+
+  def update_optimizer(self, optimizer=None):
+    """The optimizer an update given `optimizer` applies (None: the
+    table's); a ValueError naming the table, before anything changes, when
+    its kind is not the one whose slots the table keeps."""
+    optimizer = optimizer or self.optimizer
+    if optimizer.kind != self.optimizer.kind:
+      raise ValueError(f"table {self.name!r} keeps slots for "
+                       f"{self.optimizer.kind!r}, not {optimizer.kind!r}")
+    return optimizer
 
   is_dynamic = False
   replicated = False

@@ -129,7 +129,7 @@ class ColumnWiseTable(base.Table):
                             "row_wise, table_wise or table_row_wise")
 
   def use_optimizer(self, optimizer):
-    base.check_slot_layout(self, optimizer)
+    base.check_switch(self, optimizer)
     for s in self.slices:
       s.use_optimizer(optimizer)
 

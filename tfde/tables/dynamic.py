@@ -153,10 +153,7 @@ class DynamicTable(base.Table):
                      by_address=False, finite=None):
     """`rows` are ids (or, `by_address`, row addresses); ids without a row
     are skipped. Eviction runs after the update when due."""
-    optimizer = optimizer or self.optimizer
-    if optimizer.kind != self.optimizer.kind:
-      raise ValueError(f"table {self.name!r} keeps slots for "
-                       f"{self.optimizer.kind!r}, not {optimizer.kind!r}")
+    optimizer = self.update_optimizer(optimizer)
     store = self.stores[replica]
     dynamic = self.config.dynamic
 

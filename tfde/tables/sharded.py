@@ -110,7 +110,7 @@ class ShardedTable(base.Table):
                      finite=None):
     # The step counter advances even with no rows, so every shard agrees on
     # the step used by Adam's bias correction.
-    optimizer = optimizer or self.optimizer
+    optimizer = self.update_optimizer(optimizer)
 
     def apply():
       # After the rows exist, hence after this step's lookups read the step

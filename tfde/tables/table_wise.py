@@ -65,6 +65,7 @@ class OwnedRows:
 
   def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
                      finite=None):
+    optimizer = self.update_optimizer(optimizer)
     if self.holds_rows(replica):
       return super().apply_gradient(replica, rows, grads, optimizer, grad_rows,
                                     finite)

@@ -25,6 +25,16 @@ SPARSECORE_LAYOUTS_KEY = "_sparse_core_table_layouts"
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
+def _tpu_slot_names(config):
+  """tfde slot -> TPU slot of a table's optimizer; a ValueError naming the
+  table for one TPU embedding has not (row-wise Adagrad)."""
+  kind = config.optimizer.kind
+  if kind not in TPU_SLOT_NAMES:
+    raise ValueError(f"table {config.name!r}: optimizer {kind!r} has no TPU form, so no "
+                     "TPU checkpoint holds its slots")
+  return TPU_SLOT_NAMES[kind]
+
+
 def _lookup_of(layer_or_lookup):
   lookup = getattr(layer_or_lookup, "_lookup", layer_or_lookup)
   if not hasattr(lookup, "tables") or not hasattr(lookup, "feature_configs"):
@@ -107,7 +117,7 @@ def read_tpu_checkpoint(path, table_configs, prefix=None):
     source = layout.stacked_table_name if layout is not None else config.name
     wanted = {"table": None}
     offsets = tpu_slot_offsets(config.optimizer)
-    wanted.update(TPU_SLOT_NAMES[config.optimizer.kind])
+    wanted.update(_tpu_slot_names(config))
     state = {}
     for tfde_key, tpu_slot in wanted.items():
       key = _key(prefix, source, tpu_slot)
@@ -182,6 +192,6 @@ def write_tpu_checkpoint(layer_or_lookup, path, prefix="embedding"):
     variables = serving._variables[name]  # pylint: disable=protected-access
     variables["parameters"].assign(state["table"])
     offsets = tpu_slot_offsets(table.optimizer)
-    for slot, tpu_slot in TPU_SLOT_NAMES[table.optimizer.kind].items():
+    for slot, tpu_slot in _tpu_slot_names(table.config).items():
       variables[tpu_slot].assign(state["slot_" + slot] + offsets.get(slot, 0.0))
   return tf.train.Checkpoint(**{prefix: serving}).write(path)
