@@ -9,8 +9,14 @@ Also checks the estimate's bytes against what this machine's communicator
 counts for the planner benchmark's workload (bench/planner_bench.py).
 Planning only (no tables are built), so it runs in seconds:
 
-    python bench/scaling_projection.py
+    python bench/scaling_projection.py [--optimizer rowwise_adagrad]
+
+`--optimizer rowwise_adagrad` plans the same model with TorchRec's default
+optimizer, one accumulator per row (4 bytes) where Adagrad keeps a row's
+width.
 """
+
+import argparse
 
 import os
 import sys
@@ -34,23 +40,24 @@ GPU_COST = planner.CostModel(bandwidth_bytes_per_s=50e9, exchange_latency_s=30e-
                              memory_bytes_per_s=1.5e12, table_overhead_s=10e-6)
 
 
-def features(batch_per_device):
+def features(batch_per_device, optimizer="adagrad"):
   return [tfde.FeatureConfig(
       name=f"c{i}", input_shape=(batch_per_device, 1), table=tfde.TableConfig(
           name=f"c{i:02d}", vocabulary_size=v, embedding_dim=WIDTH,
-          optimizer="adagrad")) for i, v in enumerate(CRITEO_1TB)]
+          optimizer=optimizer)) for i, v in enumerate(CRITEO_1TB)]
 
 
-def project():
-  print(f"{sum(CRITEO_1TB) / 1e6:.0f}M rows x {WIDTH}, Adagrad: "
-        f"{sum(CRITEO_1TB) * WIDTH * 8 / 1e9:.0f} GB of rows + slots; global batch "
-        f"{GLOBAL_BATCH}")
+def project(optimizer="adagrad"):
+  slot_bytes = {"adagrad": WIDTH * 4, "rowwise_adagrad": 4}[optimizer]
+  print(f"{sum(CRITEO_1TB) / 1e6:.0f}M rows x {WIDTH}, {optimizer}: "
+        f"{sum(CRITEO_1TB) * (WIDTH * 4 + slot_bytes) / 1e9:.0f} GB of rows + slots; "
+        f"global batch {GLOBAL_BATCH}")
   print(f"{'devices':>8} {'kinds':<44} {'GB/device':>10} {'MB sent/device':>15} "
         f"{'est. ms':>8}")
   rows = []
   for n in (8, 16, 32, 64, 128, 256, 512, 1024):
     try:
-      plan = planner.plan(features(GLOBAL_BATCH // n), n,
+      plan = planner.plan(features(GLOBAL_BATCH // n, optimizer), n,
                           memory_per_replica_bytes=DEVICE_BYTES, cost_model=GPU_COST)
     except planner.PlanError as e:
       print(f"{n:>8} does not fit: {e}")
@@ -81,5 +88,7 @@ def check_against_this_machine():
 
 
 if __name__ == "__main__":
-  project()
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--optimizer", default="adagrad", choices=["adagrad", "rowwise_adagrad"])
+  project(parser.parse_args().optimizer)
   check_against_this_machine()

@@ -82,8 +82,8 @@ _BAD = [
     ("combiner", _small(**{"model.combiner": "max"}),
      ": model.combiner: must be one of sum, mean, sqrtn, got 'max'"),
     ("table_optimizer", _small(**{"model.table_optimizer.kind": "rmsprop"}),
-     ": model.table_optimizer.kind: must be one of adagrad, adam, ftrl, sgd, "
-     "got 'rmsprop'"),
+     ": model.table_optimizer.kind: must be one of adagrad, adam, ftrl, rowwise_adagrad, "
+     "sgd, got 'rmsprop'"),
     ("dense_optimizer", _small(**{"model.dense_optimizer.kind": "ftrl"}),
      ": model.dense_optimizer.kind: must be one of adagrad, adam, sgd, got 'ftrl'"),
     ("seed_float", _small(seed=1.5),

@@ -285,8 +285,8 @@ class RowwiseAdagrad(SparseOptimizer):
   TensorShape([2, 1])
   >>> _ = opt.apply(table, slots, tf.constant([1]), tf.constant([[3.0, 4.0]]),
   ...               step=1)
-  >>> tuple(table.numpy()[1].round(4))   # -0.5 / sqrt((9 + 16) / 2) * (3, 4)
-  (-0.4243, -0.5657)
+  >>> print(*table.numpy()[1].round(4))   # -0.5 / sqrt((9 + 16) / 2) * (3, 4)
+  -0.4243 -0.5657
 
   Defaults are FBGEMM's: learning_rate 0.01, epsilon 1e-8, accumulators
   from 0. A table's slot does not split by columns, so a column-wise
