@@ -263,3 +263,21 @@ def test_fused_ids_give_every_row_its_own_slot(owners):
   for replica in range(n):
     assert layout.tables_on(replica)[:len(shared)] == shared
     assert layout.bases_on(replica)[:len(shared)] == layout.bases_on(0)[:len(shared)]
+
+
+def test_an_update_with_another_kind_of_optimizer_is_refused_on_every_replica():
+  """A table-wise table (owner 1 of 2) and a dynamic one: a replica holding
+  none of its rows refuses an update of another optimizer kind by name, as
+  the owner does, before any step advances."""
+  from tests import dynamic_harness as dh
+  with mirrored(2).scope():
+    static = tfde.tables.TableWiseTable(tfde.TableConfig(
+        name="t", vocabulary_size=6, embedding_dim=2, optimizer="adagrad"), owner=1)
+    dynamic = tfde.tables.DynamicTableWiseTable(dh.table_config("adagrad"), owner=1)
+  for table in (static, dynamic):
+    for replica in (0, 1):
+      with pytest.raises(ValueError, match=f"table '{table.name}' keeps slots for "
+                                           "'adagrad', not 'sgd'"):
+        table.apply_gradient(replica, tf.constant([1], tf.int64), tf.ones([1, table.embedding_dim]),
+                             optimizer=tfde.optimizers.SGD())
+    assert {int(s.numpy()) for s in table.steps.values()} == {0}

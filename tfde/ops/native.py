@@ -272,7 +272,7 @@ class NativeDynamicStore:
         insert=insert)
 
   def apply(self, kind, ids, grad, scalars, grad_rows=None, by_address=False):
-    if kind not in _DYNAMIC_APPLY_OPS:
+    if kind in reference.ROW_WISE_KINDS:
       raise ValueError(f"dynamic tables have no {kind!r} update (their slots are as "
                        "wide as a row)")
     op = getattr(load(), _DYNAMIC_APPLY_OPS[kind])

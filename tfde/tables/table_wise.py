@@ -194,6 +194,7 @@ class DynamicTableWiseTable(dynamic.DynamicTable):
 
   def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
                      by_address=False, finite=None):
+    optimizer = self.update_optimizer(optimizer)
     if replica == self.owner:
       return super().apply_gradient(replica, rows, grads, optimizer, grad_rows,
                                     by_address, finite)
