@@ -9,10 +9,10 @@ vocabulary, sum combiner. `--quick` shrinks tables and batch for a smoke run.
 The peers (torch EmbeddingBag, FBGEMM TBE CPU; bench/peers_bench.py in
 their own environment) are timed in `--peer-rounds` rounds, each followed
 by tfde's forward and SGD, Adagrad, row-wise Adagrad and lazy-Adam steps
-on the same ids;
-the ratios are of the medians over the rounds. After them, tfde's first
-SGD and lazy-Adam steps are cross-checked against theirs from the same
-tables (`step_cross_check`; tests/test_peers.py holds it in make test).
+on the same ids; the ratios are of the medians over the rounds. After
+them, tfde's first SGD, lazy-Adam and row-wise Adagrad steps are
+cross-checked against theirs from the same tables (`step_cross_check`;
+tests/test_peers.py holds it in make test).
 
 The training-step ratio against tf.nn + Keras Adam is printed twice: from
 the medians above, and as the median of `--rounds` rounds that alternate
@@ -100,11 +100,9 @@ def step_cross_check(tmp, optimizer):
   rng = np.random.default_rng(3)
   ids = [((rng.zipf(1.05, (batch, hot)) - 1) % vocab).astype(np.int64) for _ in range(num)]
   targets = [rng.normal(size=(batch, dim)).astype(np.float32) for _ in range(num)]
-  ours = {"sgd": lambda: tfde.optimizers.SGD(learning_rate=lr),
-          "adam": lambda: tfde.optimizers.Adam(learning_rate=lr, beta_1=beta_1,
-                                               beta_2=beta_2, epsilon=epsilon),
-          "rowwise_adagrad": lambda: tfde.optimizers.RowwiseAdagrad(
-              learning_rate=lr, epsilon=epsilon)}[optimizer]()
+  hyper = {"sgd": {}, "adam": dict(beta_1=beta_1, beta_2=beta_2, epsilon=epsilon),
+           "rowwise_adagrad": dict(epsilon=epsilon)}[optimizer]
+  ours = tfde.optimizers.get(dict(kind=optimizer, learning_rate=lr, **hyper))
   configs = {f"f{t}": tfde.FeatureConfig(name=f"f{t}", table=tfde.TableConfig(
       name=f"t{t}", vocabulary_size=vocab, embedding_dim=dim,
       optimizer=ours, combiner="sum", initializer="uniform", seed=t)) for t in range(num)}

@@ -39,6 +39,7 @@ tf.config.set_logical_device_configuration(
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tfde  # noqa: E402
 from tfde import planner  # noqa: E402
+from workload import replica_train_step  # noqa: E402  (bench/ is the script's directory)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 BATCH = 1024
@@ -102,16 +103,7 @@ def build(n, configs, ids, plan, strategy=None):
   inputs = strategy.experimental_distribute_values_from_function(
       lambda ctx: per[ctx.replica_id_in_sync_group])
 
-  @tf.function
-  def step(inputs):
-    def replica_step(inputs):
-      with tf.GradientTape() as tape:
-        out = lookup(inputs)
-        loss = tf.add_n([tf.reduce_sum(o) for o in out.values()])
-      tape.gradient(loss, lookup.trainable_variables)
-    strategy.run(replica_step, args=(inputs,))
-
-  return lookup, step, inputs
+  return lookup, replica_train_step(strategy, lookup), inputs
 
 
 def run_all(n, configs, ids, layouts, reps, strategy=None):

@@ -48,7 +48,8 @@ def features(batch_per_device, optimizer="adagrad"):
 
 
 def project(optimizer="adagrad"):
-  slot_bytes = {"adagrad": WIDTH * 4, "rowwise_adagrad": 4}[optimizer]
+  opt = tfde.optimizers.get(optimizer)
+  slot_bytes = 4 * len(opt.slot_names) * opt.slot_shape([1, WIDTH]).num_elements()
   print(f"{sum(CRITEO_1TB) / 1e6:.0f}M rows x {WIDTH}, {optimizer}: "
         f"{sum(CRITEO_1TB) * (WIDTH * 4 + slot_bytes) / 1e9:.0f} GB of rows + slots; "
         f"global batch {GLOBAL_BATCH}")

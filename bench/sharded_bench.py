@@ -44,7 +44,7 @@ if "--worker" not in sys.argv:
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tfde  # noqa: E402
-from workload import parse_args, timed  # noqa: E402  (bench/ is the script's dir)
+from workload import parse_args, replica_train_step, timed  # noqa: E402  (bench/ is the script's dir)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -53,15 +53,7 @@ def time_steps(strategy, lookup, inputs, reps):
   """(median ms, bytes this process sent) of a lazy-Adam training step of
   `lookup` on `inputs` under `strategy` (the tables' optimizers run in the
   backward); every process of a multi-process run calls it in step."""
-  @tf.function
-  def step(inputs):
-    def replica_step(inputs):
-      with tf.GradientTape() as tape:
-        out = lookup(inputs)
-        loss = tf.add_n([tf.reduce_sum(o) for o in out.values()])
-      tape.gradient(loss, lookup.trainable_variables)
-    strategy.run(replica_step, args=(inputs,))
-
+  step = replica_train_step(strategy, lookup)
   step(inputs)
   lookup.comm.reset_bytes_sent()
   step(inputs)

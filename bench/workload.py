@@ -77,6 +77,25 @@ def lookup_steps(lookup, inputs, loss_of):
   return (lambda: forward_of(inputs)), (lambda: train_on(inputs))
 
 
+def replica_train_step(strategy, lookup):
+  """A training step of `lookup` under `strategy`, a tf.function of the
+  distributed inputs: each replica takes the gradient of the sum of its
+  outputs, which trains the tables (their optimizers run in the
+  backward)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  @tf.function
+  def step(inputs):
+    def replica_step(inputs):
+      with tf.GradientTape() as tape:
+        out = lookup(inputs)
+        loss = tf.add_n([tf.reduce_sum(o) for o in out.values()])
+      tape.gradient(loss, lookup.trainable_variables)
+    strategy.run(replica_step, args=(inputs,))
+
+  return step
+
+
 def timed(fn, reps, warmup=2):
   """Median milliseconds of `fn()` over `reps` runs after `warmup`."""
   for _ in range(warmup):

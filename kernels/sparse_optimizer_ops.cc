@@ -256,13 +256,11 @@ Status functor::SparseApply<CPUDevice, Index, Update, Gradients>::operator()(
   if (grad_rows_t) TF_RETURN_IF_ERROR(Int32View(ctx, *grad_rows_t, &narrowed, &grad_rows));
   float* slots[kNumVars];
   for (int v = 0; v < kNumVars; ++v) slots[v] = vars->Rows(v);
-  constexpr int64_t kSlotWidth = Update::kSlotWidth;
+  const int64_t slot_width = SlotWidth<Update>(dim);
   const auto rows_of = [&](int64_t i, float** rows) {
     const int64_t row = static_cast<int64_t>(indices[i]);
     rows[0] = slots[0] + row * dim;
-    for (int v = 1; v < kNumVars; ++v) {
-      rows[v] = slots[v] + row * (kSlotWidth == 0 ? dim : kSlotWidth);
-    }
+    for (int v = 1; v < kNumVars; ++v) rows[v] = slots[v] + row * slot_width;
     return true;
   };
   const auto grad_of = [&](int64_t i, float* scratch) {

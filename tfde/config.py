@@ -216,6 +216,33 @@ class TableConfig:
   def is_dynamic(self):
     return self.vocabulary_size is None
 
+  def column_wise_refusal(self):
+    """Why this table cannot be split into column slices (what follows
+    "table 'name' " in the error), or None when it can: one answer for
+    the tables (`tfde.tables.column_wise`) and the planner.
+
+    >>> TableConfig(name="t", vocabulary_size=10, embedding_dim=4,
+    ...             optimizer="rowwise_adagrad").column_wise_refusal()[:42]
+    "trains with 'rowwise_adagrad', which keeps"
+    """
+    if self.is_dynamic:
+      return ("is dynamic; column_wise applies to static tables only (a dynamic "
+              "row is created and drawn per id by its store, and its admission "
+              "and eviction state would be kept per slice); use row_wise or "
+              "table_wise")
+    if self.max_norm is not None:
+      return ("has max_norm: column_wise does not apply (a row's norm spans all "
+              "its columns, which no slice holds); use row_wise or table_wise")
+    if self.optimizer.slot_width is not None:
+      return (f"trains with {self.optimizer.kind!r}, which keeps one accumulator "
+              "per whole row: column_wise does not apply (no slice holds a whole "
+              "row); use row_wise, table_wise or table_row_wise")
+    if self.dtype != "float32":
+      return (f"stores {self.dtype} rows: column_wise does not apply (each "
+              "update's stochastic rounding is drawn per row and column of the "
+              "whole table); use row_wise or table_wise")
+    return None
+
   def __eq__(self, other):
     if not isinstance(other, TableConfig):
       return NotImplemented

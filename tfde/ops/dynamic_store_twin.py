@@ -28,7 +28,7 @@ from tfde.ops.checks import num_elements
 from tfde.ops.checks import shape_parts
 from tfde.ops.reference import NUM_SLOTS
 from tfde.ops.reference import ROW_UPDATES
-from tfde.ops.reference import ROW_WISE_KINDS
+from tfde.ops.reference import check_dynamic_update_kind
 from tfde.ops.reference import dynamic_initial_values
 from tfde.ops.reference import embeddings_or_default
 from tfde.ops.reference import scalar_checks
@@ -185,9 +185,7 @@ class DynamicStoreTwin:
     """Applies `kind`'s update to the rows of `ids` (unique); ids without a
     row are skipped. With `by_address`, `ids` are row addresses: -1 is
     skipped, any other must be a live row. Returns how many rows changed."""
-    if kind in ROW_WISE_KINDS:
-      raise ValueError(f"dynamic tables have no {kind!r} update (their slots are as "
-                       "wide as a row)")
+    check_dynamic_update_kind(kind)
     ids = tf.reshape(_int64(ids, "ids"), [-1])
     grad = tf.cast(grad, tf.float32)
     if grad_rows is not None:

@@ -272,9 +272,7 @@ class NativeDynamicStore:
         insert=insert)
 
   def apply(self, kind, ids, grad, scalars, grad_rows=None, by_address=False):
-    if kind in reference.ROW_WISE_KINDS:
-      raise ValueError(f"dynamic tables have no {kind!r} update (their slots are as "
-                       "wide as a row)")
+    reference.check_dynamic_update_kind(kind)
     op = getattr(load(), _DYNAMIC_APPLY_OPS[kind])
     return op(self._handle, tf.reshape(_int64(ids, "ids"), [-1]),
               tf.cast(grad, tf.float32), _rows(grad_rows),

@@ -268,21 +268,19 @@ def check_sparse_update(variables, indices, grad, kind=None):
   as wide, rows in range and none repeated."""
   table = variables[0]
   checks = []
-  row_wise = kind in ROW_WISE_KINDS
+  # The slots' shape: the table's, or a row-wise kind's [rows, 1].
+  if kind in ROW_WISE_KINDS:
+    want, want_dynamic = (tf.TensorShape([table.shape[0], 1]),
+                          lambda: tf.stack([tf.shape(table)[0], 1]))
+    why = (", so the slot must have shape [", dim(table, 0), ",1]")
+  else:
+    want, want_dynamic, why = table.shape, lambda: tf.shape(table), ()
   for v in variables[1:]:
-    if row_wise:
-      want = tf.TensorShape([table.shape[0], 1])
-      fits = (v.shape == want if v.shape.is_fully_defined() and want.is_fully_defined()
-              else tf.reduce_all(tf.equal(tf.shape(v), [tf.shape(table)[0], 1])))
-      checks += check(fits, f"slot variable {v.name} has shape ", *shape_parts(v),
-                      " but the table has ", *shape_parts(table),
-                      ", so the slot must have shape [", dim(table, 0), ",1]")
-      continue
-    checks += check(v.shape == table.shape if v.shape.is_fully_defined() and
-                    table.shape.is_fully_defined() else
-                    tf.reduce_all(tf.equal(tf.shape(v), tf.shape(table))),
+    checks += check(v.shape == want if v.shape.is_fully_defined() and
+                    want.is_fully_defined() else
+                    tf.reduce_all(tf.equal(tf.shape(v), want_dynamic())),
                     f"slot variable {v.name} has shape ", *shape_parts(v),
-                    " but the table has ", *shape_parts(table))
+                    " but the table has ", *shape_parts(table), *why)
   checks += check(equal(dim(grad, 1), dim(table, 1)), "grad has width ", dim(grad, 1),
                   " but the table has width ", dim(table, 1))
   num_rows = tf.cast(tf.shape(table)[0], indices.dtype)
@@ -367,6 +365,14 @@ ROW_UPDATES = {"sgd": sgd_rows, "adagrad": adagrad_rows,
 NUM_SLOTS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 1, "adam": 2, "ftrl": 2}
 # Kinds whose slots hold one value per row ([rows, 1]), not one per element.
 ROW_WISE_KINDS = frozenset({"rowwise_adagrad"})
+
+
+def check_dynamic_update_kind(kind):
+  """Both dynamic stores' refusal of a kind they have no update for: a
+  dynamic table keeps every slot as wide as a row."""
+  if kind in ROW_WISE_KINDS:
+    raise ValueError(f"dynamic tables have no {kind!r} update (their slots are as "
+                     "wide as a row)")
 
 
 # The scalar inputs of each kind's update, in order, as the ops name them.

@@ -32,9 +32,7 @@ def _candidates(stats, config, n, load, cost, per_worker=None):
     workers = np.argsort(_worker_loads(load, cost, per_worker), kind="stable")
     options += [TableLayout("table_row_wise", _worker_replicas(int(w), per_worker))
                 for w in workers[:TABLE_WISE_OWNERS_TRIED]]
-  # The kinds a column_wise layout refuses: see tfde.tables.column_wise.
-  if (not config.is_dynamic and config.max_norm is None and config.dtype == "float32"
-      and config.optimizer.slot_width is None):
+  if config.column_wise_refusal() is None:
     k = 2
     while k <= n and stats.width // k >= cost.min_column_width:
       if stats.width % k == 0:

@@ -313,6 +313,11 @@ class Table(tf.Module):
       return self.optimizer.slot_width
     return self.embedding_dim
 
+  def state_dtype(self, key):
+    """The type state key `key` is kept in: rows in the table's type,
+    slots in float32."""
+    return self.config.dtype if key == "table" else tf.float32
+
   def state(self, keys=None):
     """dict of key -> tensor: the whole table, whatever the replica count
     (a collective when shards live in other processes); `keys` limits it to

@@ -46,26 +46,9 @@ def slice_name(table_name, start, stop):
 
 def check_slices(config, owners, widths):
   where = f"table {config.name!r}"
-  if config.is_dynamic:
-    raise ValueError(
-        f"{where} is dynamic; column_wise applies to static tables only (a "
-        "dynamic row is created and drawn per id by its store, and its "
-        "admission and eviction state would be kept per slice); use "
-        "row_wise or table_wise")
-  if config.max_norm is not None:
-    raise ValueError(
-        f"{where} has max_norm: column_wise does not apply (a row's norm spans "
-        "all its columns, which no slice holds); use row_wise or table_wise")
-  if config.optimizer.slot_width is not None:
-    raise ValueError(
-        f"{where} trains with {config.optimizer.kind!r}, which keeps one "
-        "accumulator per whole row: column_wise does not apply (no slice "
-        "holds a whole row); use row_wise, table_wise or table_row_wise")
-  if config.dtype != "float32":
-    raise ValueError(
-        f"{where} stores {config.dtype} rows: column_wise does not apply (each "
-        "update's stochastic rounding is drawn per row and column of the "
-        "whole table); use row_wise or table_wise")
+  refusal = config.column_wise_refusal()
+  if refusal:
+    raise ValueError(f"{where} {refusal}")
   if not widths or len(widths) != len(owners):
     raise ValueError(f"{where}: column_wise needs one width per owner, got "
                      f"widths {widths} and owners {owners}")

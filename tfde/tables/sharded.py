@@ -133,18 +133,19 @@ class ShardedTable(base.Table):
 
   # ---- whole-table state: [V, D] tensors from the shards, and back
 
-  def _gathered(self, variables_by_replica, width=None):
-    """The [V, width] table (width: a row's by default) from local shard
-    variables, as a tensor."""
+  def _gathered(self, key):
+    """The whole [V, state_width(key)] tensor of state key `key` (the
+    table, or a slot) from the local shard variables."""
+    variables_by_replica = self._variables(key)
     if self.replicated:
       return tf.convert_to_tensor(variables_by_replica[min(variables_by_replica)])
-    # [N, rows, D], from other processes too (a collective: every process
-    # saves, as MultiWorkerMirroredStrategy requires).
+    # [N, rows, width], from other processes too (a collective: every
+    # process saves, as MultiWorkerMirroredStrategy requires).
     shards = self.comm.gather_replica_values(
         {r: v.read_value() for r, v in variables_by_replica.items()})
     # Global row local * N + shard: interleave the shards row by row.
     full = tf.reshape(tf.transpose(shards, [1, 0, 2]),
-                      [self.rows_per_shard * self.num_shards, width or self.embedding_dim])
+                      [self.rows_per_shard * self.num_shards, self.state_width(key)])
     return full[:self.vocabulary_size]
 
   def _sharded(self, full):
@@ -164,7 +165,7 @@ class ShardedTable(base.Table):
     return {r: s[slot] for r, s in self.slots.items()}
 
   def state(self, keys=None):
-    tensors = {key: self._gathered(self._variables(key), self.state_width(key))
+    tensors = {key: self._gathered(key)
                for key in keys or self.state_keys() if key != "step"}
     if keys is None or "step" in keys:
       tensors["step"] = tf.convert_to_tensor(self.steps[min(self.steps)])
@@ -271,8 +272,7 @@ class ShardedTable(base.Table):
   def full_table(self):
     """The whole [V, D] table as a numpy array (a collective when shards
     live in other processes)."""
-    return self._gathered(self.shards).numpy()
+    return self._gathered("table").numpy()
 
   def full_slot(self, slot_name):
-    key = base.SLOT_PREFIX + slot_name
-    return self._gathered(self._variables(key), self.state_width(key)).numpy()
+    return self._gathered(base.SLOT_PREFIX + slot_name).numpy()

@@ -86,13 +86,12 @@ class TableRowWiseTable(table_wise.OwnedRows, sharded.ShardedTable):
 
   # ---- whole-table state: the owners' shards interleaved
 
-  def _gathered(self, variables_by_replica, width=None):
-    width = width or self.embedding_dim
-    dtype = self.config.dtype if variables_by_replica is self.shards else tf.float32
+  def _gathered(self, key):
+    variables_by_replica, width = self._variables(key), self.state_width(key)
     # The owners' shards, in replica order, from every process (a
     # collective); the others send nothing.
     parts = {r: [variables_by_replica[r].read_value() if r in variables_by_replica
-                 else tf.zeros([0, width], dtype)]
+                 else tf.zeros([0, width], self.state_dtype(key))]
              for r in self.comm.local_replicas()}
     by_replica = tf.reshape(self.comm.concat_replica_values(parts)[0],
                             [self._split, self.rows_per_shard, width])

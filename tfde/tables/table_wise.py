@@ -65,10 +65,11 @@ class OwnedRows:
 
   def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
                      finite=None):
-    optimizer = self.update_optimizer(optimizer)
     if self.holds_rows(replica):
       return super().apply_gradient(replica, rows, grads, optimizer, grad_rows,
                                     finite)
+    self.update_optimizer(optimizer)  # the holders' check, where there are no rows
+
     def apply():
       with tf.control_dependencies([rows]):
         return self.steps[replica].assign_add(1)
@@ -130,13 +131,12 @@ class TableWiseTable(OwnedRows, sharded.ShardedTable):
                                 self.embedding_dim)
     return noise_of
 
-  def _gathered(self, variables_by_replica, width=None):
-    # The owner's [V, D]; other replicas contribute nothing (a collective
-    # when the owner lives in another process).
-    # Rows in the table's type, slots in float32.
-    dtype = self.config.dtype if variables_by_replica is self.shards else tf.float32
+  def _gathered(self, key):
+    # The owner's [V, width]; other replicas contribute nothing (a
+    # collective when the owner lives in another process).
+    variables_by_replica = self._variables(key)
     parts = {r: [variables_by_replica[r].read_value() if r in variables_by_replica
-                 else tf.zeros([0, width or self.embedding_dim], dtype)]
+                 else tf.zeros([0, self.state_width(key)], self.state_dtype(key))]
              for r in self.comm.local_replicas()}
     if self.comm.num_replicas == 1:
       return parts[self.owner][0]
@@ -194,10 +194,10 @@ class DynamicTableWiseTable(dynamic.DynamicTable):
 
   def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
                      by_address=False, finite=None):
-    optimizer = self.update_optimizer(optimizer)
     if replica == self.owner:
       return super().apply_gradient(replica, rows, grads, optimizer, grad_rows,
                                     by_address, finite)
+    self.update_optimizer(optimizer)  # the owner's check, where there are no rows
 
     def apply():
       with tf.control_dependencies([rows, grads]):

@@ -25,14 +25,13 @@ SPARSECORE_LAYOUTS_KEY = "_sparse_core_table_layouts"
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
-def _tpu_slot_names(config):
-  """tfde slot -> TPU slot of a table's optimizer; a ValueError naming the
+def _tpu_slot_names(optimizer, table_name):
+  """tfde slot -> TPU slot of a table's `optimizer`; a ValueError naming the
   table for one TPU embedding has not (row-wise Adagrad)."""
-  kind = config.optimizer.kind
-  if kind not in TPU_SLOT_NAMES:
-    raise ValueError(f"table {config.name!r}: optimizer {kind!r} has no TPU form, so no "
-                     "TPU checkpoint holds its slots")
-  return TPU_SLOT_NAMES[kind]
+  if optimizer.kind not in TPU_SLOT_NAMES:
+    raise ValueError(f"table {table_name!r}: optimizer {optimizer.kind!r} has no TPU "
+                     "form, so no TPU checkpoint holds its slots")
+  return TPU_SLOT_NAMES[optimizer.kind]
 
 
 def _lookup_of(layer_or_lookup):
@@ -117,7 +116,7 @@ def read_tpu_checkpoint(path, table_configs, prefix=None):
     source = layout.stacked_table_name if layout is not None else config.name
     wanted = {"table": None}
     offsets = tpu_slot_offsets(config.optimizer)
-    wanted.update(_tpu_slot_names(config))
+    wanted.update(_tpu_slot_names(config.optimizer, config.name))
     state = {}
     for tfde_key, tpu_slot in wanted.items():
       key = _key(prefix, source, tpu_slot)
@@ -192,6 +191,6 @@ def write_tpu_checkpoint(layer_or_lookup, path, prefix="embedding"):
     variables = serving._variables[name]  # pylint: disable=protected-access
     variables["parameters"].assign(state["table"])
     offsets = tpu_slot_offsets(table.optimizer)
-    for slot, tpu_slot in _tpu_slot_names(table.config).items():
+    for slot, tpu_slot in _tpu_slot_names(table.optimizer, name).items():
       variables[tpu_slot].assign(state["slot_" + slot] + offsets.get(slot, 0.0))
   return tf.train.Checkpoint(**{prefix: serving}).write(path)
