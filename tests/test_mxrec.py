@@ -144,7 +144,7 @@ def test_sharded_lookup_trains_in_a_tf1_session(op_backend, kind):
       loss = h.replica_loss(outputs, targets) + tf.reduce_sum(
           tf.square(outputs["d_hashed"] - targets["a_dense"])) / h.GLOBAL_BATCH
       train_ops.append(tf.gradients(loss, lookup.trainable_variables))
-    whole = {n: t._gathered(t.shards) for n, t in static.items()}  # pylint: disable=protected-access
+    whole = {n: t._gathered("table") for n, t in static.items()}  # pylint: disable=protected-access
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       initial = sess.run(whole)
