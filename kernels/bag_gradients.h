@@ -71,14 +71,32 @@ struct BagGradients {
     return absl::OkStatus();
   }
 
-  // Writes row k's gradient to out[0, dim).
-  void Row(int64_t k, float* out) const {
-    std::fill(out, out + dim, 0.0f);
+  // Writes row k's gradient to out[0, dim). kDim > 0 is dim known when
+  // compiled (WithCompiledWidth): the sums then stay in registers while
+  // the row's entries are read, and reach `out` once. Always inlined, so it
+  // is compiled for its caller's instruction set (TFDE_VECTOR_CLONES).
+  template <int kDim = 0>
+  __attribute__((always_inline)) void Row(int64_t k, float* out) const {
+    const int64_t width = kDim > 0 ? kDim : dim;
+    float fixed[kDim > 0 ? kDim : 1];
+    float* acc = kDim > 0 ? fixed : out;
+    std::fill(acc, acc + width, 0.0f);
+    const int64_t entries = segments[num_rows];
+    // One entry at a time (GCC's unrolling by two turned the sums into a
+    // scalar loop in memory), each output-gradient row asked for a few
+    // entries ahead: the rows of a segment are samples anywhere in the
+    // batch, and the next row's entries follow this one's.
+#pragma GCC unroll 1
     for (int64_t j = segments[k]; j < segments[k + 1]; ++j) {
+      if (j + kCombinePrefetchDistance < entries) {
+        PrefetchRow(output_grad + static_cast<int64_t>(bags[j + kCombinePrefetchDistance]) * width,
+                    width * sizeof(T), false);
+      }
       const float c = weights[j];
-      const T* g = output_grad + static_cast<int64_t>(bags[j]) * dim;
-      for (int64_t d = 0; d < dim; ++d) out[d] += c * static_cast<float>(g[d]);
+      const T* g = output_grad + static_cast<int64_t>(bags[j]) * width;
+      for (int64_t d = 0; d < width; ++d) acc[d] += c * static_cast<float>(g[d]);
     }
+    if (kDim > 0) std::copy(acc, acc + width, out);
   }
 };
 

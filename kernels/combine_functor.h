@@ -187,14 +187,7 @@ void CombineRows(OpKernelContext* ctx, const Tensor& splits_t, const Coefficient
     });
   };
   const auto with_width = [&](auto unit) {
-    switch (dim) {
-      case 8: return run(std::integral_constant<int, 8>(), unit);
-      case 16: return run(std::integral_constant<int, 16>(), unit);
-      case 32: return run(std::integral_constant<int, 32>(), unit);
-      case 64: return run(std::integral_constant<int, 64>(), unit);
-      case 128: return run(std::integral_constant<int, 128>(), unit);
-      default: return run(std::integral_constant<int, 0>(), unit);
-    }
+    WithCompiledWidth(dim, [&](auto width) { run(width, unit); });
   };
   if (c.unit_coefficients()) {
     with_width(std::true_type());

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -107,6 +108,32 @@ inline void ParallelFor(tensorflow::OpKernelContext* ctx, int64_t total,
   workers->ParallelFor(total, cost_per_unit, fn);
 }
 
+// The optimizers' row loops are arithmetic-bound once their rows are
+// prefetched (Adam's sqrt and divide per element), and TensorFlow's wheels
+// are built for baseline x86-64. GCC compiles a function marked with this
+// twice, for AVX2+FMA and for baseline x86-64, and picks one when the
+// library loads (an ifunc), so the library still loads on any x86-64.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TFDE_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define TFDE_VECTOR_CLONES
+#endif
+
+// The smallest and largest of values[begin, end), into *lo and *hi. Compiled
+// for AVX2 too (TFDE_VECTOR_CLONES): baseline x86-64 has no vector compare
+// of 64-bit integers, so an int64 block would be scanned one id at a time.
+template <typename T>
+TFDE_VECTOR_CLONES void MinMaxOfBlock(const T* values, int64_t begin, int64_t end, T* lo,
+                                      T* hi) {
+  T smallest = std::numeric_limits<T>::max(), largest = std::numeric_limits<T>::lowest();
+  for (int64_t i = begin; i < end; ++i) {
+    smallest = std::min(smallest, values[i]);
+    largest = std::max(largest, values[i]);
+  }
+  *lo = smallest;
+  *hi = largest;
+}
+
 // The smallest and largest of values[0, n) ({max, min} of T when n is 0),
 // in parallel blocks whose loops the compiler vectorizes: the kernels'
 // range checks, read-only passes over their index inputs.
@@ -118,14 +145,7 @@ std::pair<T, T> ParallelMinMax(tensorflow::OpKernelContext* ctx, const T* values
   std::vector<T> hi(blocks, std::numeric_limits<T>::lowest());
   ParallelFor(ctx, blocks, kBlock, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      T smallest = std::numeric_limits<T>::max(), largest = std::numeric_limits<T>::lowest();
-      const int64_t end = std::min(n, (b + 1) * kBlock);
-      for (int64_t i = b * kBlock; i < end; ++i) {
-        smallest = std::min(smallest, values[i]);
-        largest = std::max(largest, values[i]);
-      }
-      lo[b] = smallest;
-      hi[b] = largest;
+      MinMaxOfBlock(values, b * kBlock, std::min(n, (b + 1) * kBlock), &lo[b], &hi[b]);
     }
   });
   T smallest = std::numeric_limits<T>::max(), largest = std::numeric_limits<T>::lowest();
@@ -144,8 +164,10 @@ inline int NumWorkerThreads(tensorflow::OpKernelContext* ctx) {
 // Rows of a large table are visited in no predictable order, so the
 // hardware prefetcher cannot help; a row requested a few iterations early
 // overlaps its memory (and page-walk) latency with the work on the rows
-// before it.
-inline void PrefetchRow(const void* row, int64_t bytes, bool for_write) {
+// before it. Always inlined: GCC finds a call of it free of side effects
+// (a prefetch changes nothing a program can read) and, where it has not
+// inlined it early, deletes the call (notes/session15/prefetch_dropped.txt).
+__attribute__((always_inline)) inline void PrefetchRow(const void* row, int64_t bytes, bool for_write) {
   const char* p = static_cast<const char*>(row);
   for (int64_t b = 0; b < bytes; b += 64) {
     if (for_write) {
@@ -164,16 +186,22 @@ constexpr int64_t kPrefetchDistance = 16;
 // notes/session13/combine_micro.cc).
 constexpr int64_t kCombinePrefetchDistance = 32;
 
-// The optimizers' row loops are arithmetic-bound once their rows are
-// prefetched (Adam's sqrt and divide per element), and TensorFlow's wheels
-// are built for baseline x86-64. GCC compiles a function marked with this
-// twice, for AVX2+FMA and for baseline x86-64, and picks one when the
-// library loads (an ifunc), so the library still loads on any x86-64.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define TFDE_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define TFDE_VECTOR_CLONES
-#endif
+// Calls fn(std::integral_constant<int, W>()) with W = dim for the common
+// row widths, W = 0 for any other (known only at run time). A loop over a
+// row whose width is known when compiled keeps the row's sums in
+// registers; at a run-time width they go through memory, which costs about
+// twice as much per row read (notes/session13/combine_micro.cc).
+template <typename Fn>
+void WithCompiledWidth(int64_t dim, const Fn& fn) {
+  switch (dim) {
+    case 8: return fn(std::integral_constant<int, 8>());
+    case 16: return fn(std::integral_constant<int, 16>());
+    case 32: return fn(std::integral_constant<int, 32>());
+    case 64: return fn(std::integral_constant<int, 64>());
+    case 128: return fn(std::integral_constant<int, 128>());
+    default: return fn(std::integral_constant<int, 0>());
+  }
+}
 
 // Splits [0, total) into `num_blocks` contiguous blocks; block b is
 // [BlockBegin(b), BlockBegin(b + 1)).

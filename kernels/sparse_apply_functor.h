@@ -30,7 +30,10 @@ struct DenseGradients {
   Status CheckRows(OpKernelContext* /*ctx*/, int64_t /*n*/, const Tensor* /*grad_rows*/) const {
     return absl::OkStatus();
   }
-  const float* Row(int64_t g, float* /*scratch*/) const { return grad + g * dim; }
+  template <int kDim = 0>
+  __attribute__((always_inline)) const float* Row(int64_t g, float* /*scratch*/) const {
+    return grad + g * dim;
+  }
 };
 
 // ... or bags (four inputs), summed into `scratch`.
@@ -56,8 +59,10 @@ struct BagGradientRows {
     for (int64_t i = 0; i < n; ++i) TF_RETURN_IF_ERROR(bags.CheckRow(rows ? rows[i] : i));
     return absl::OkStatus();
   }
-  const float* Row(int64_t g, float* scratch) const {
-    bags.Row(g, scratch);
+  // Always inlined, as BagGradients::Row.
+  template <int kDim = 0>
+  __attribute__((always_inline)) const float* Row(int64_t g, float* scratch) const {
+    bags.template Row<kDim>(g, scratch);
     return scratch;
   }
 };

@@ -263,11 +263,15 @@ Status functor::SparseApply<CPUDevice, Index, Update, Gradients>::operator()(
     for (int v = 1; v < kNumVars; ++v) rows[v] = slots[v] + row * slot_width;
     return true;
   };
-  const auto grad_of = [&](int64_t i, float* scratch) {
-    return grads.Row(grad_rows ? grad_rows[i] : i, scratch);
-  };
-  ParallelFor(ctx, n, dim * 12, [&](int64_t i0, int64_t i1) {
-    UpdateRows<Update>(params, i0, i1, dim, grad_of, rows_of);
+  WithCompiledWidth(dim, [&](auto width) {
+    constexpr int kDim = decltype(width)::value;
+    // Inlined, so the row's sum is compiled with UpdateRows' instruction set.
+    const auto grad_of = [&](int64_t i, float* scratch) __attribute__((always_inline)) {
+      return grads.template Row<kDim>(grad_rows ? grad_rows[i] : i, scratch);
+    };
+    ParallelFor(ctx, n, dim * 12, [&](int64_t i0, int64_t i1) {
+      UpdateRows<Update, kDim>(params, i0, i1, dim, grad_of, rows_of);
+    });
   });
   return absl::OkStatus();
 }

@@ -75,7 +75,8 @@ inline float SumOfSquares(const float* g, int64_t dim) {
   for (; d + kLanes <= dim; d += kLanes) {
     for (int k = 0; k < kLanes; ++k) partial[k] += g[d + k] * g[d + k];
   }
-  for (; d < dim; ++d) partial[d % kLanes] += g[d] * g[d];
+  // The tail, d a multiple of kLanes: partial[k] is partial[(d + k) % kLanes].
+  for (int k = 0; k < kLanes && d + k < dim; ++k) partial[k] += g[d + k] * g[d + k];
   float sum = 0.0f;
   for (float p : partial) sum += p;
   return sum;
@@ -179,11 +180,13 @@ struct FtrlUpdate {
 // returns false for an entry without a row; `grad_of(i, scratch)` returns
 // its gradient row, written to `scratch` (dim floats) if it must be
 // computed. The rows of entries a few ahead are prefetched: a table's rows
-// are visited in no predictable order.
-template <typename Update, typename GradOf, typename RowsOf>
-TFDE_VECTOR_CLONES void UpdateRows(const typename Update::Params& params,
-                                   int64_t begin, int64_t end, int64_t dim,
+// are visited in no predictable order. kDim > 0 is dim known when compiled
+// (WithCompiledWidth), which Update::Row then loops over.
+template <typename Update, int kDim = 0, typename GradOf, typename RowsOf>
+TFDE_VECTOR_CLONES __attribute__((optimize("no-loop-unroll-and-jam"))) void UpdateRows(const typename Update::Params& params,
+                                   int64_t begin, int64_t end, int64_t runtime_dim,
                                    const GradOf& grad_of, const RowsOf& rows_of) {
+  const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   float* rows[Update::kNumVars];
   std::vector<float> scratch(dim);
   for (int64_t i = begin; i < end; ++i) {

@@ -1,0 +1,27 @@
+"""The bench's row-wise Adagrad step in a loop, for perf: prints "go" then runs
+argv[1] seconds."""
+import sys, time
+sys.path.insert(0, "bench")
+import numpy as np
+import tensorflow as tf
+import tfde
+from workload import Workload, lookup_steps
+from ops_bench import with_optimizer
+
+work = Workload()
+ids = work.ids(seed=0)
+rng = np.random.default_rng(1)
+inputs = {f"f{t}": tf.constant(ids[t]) for t in range(work.tables)}
+targets = {f"f{t}": tf.constant(rng.normal(size=(work.batch, work.dim)), tf.float32)
+           for t in range(work.tables)}
+loss_of = lambda out: tf.add_n([tf.reduce_sum(out[k] * targets[k]) for k in out])
+opt = tfde.optimizers.RowwiseAdagrad(0.01, epsilon=1e-7)
+lookup = tfde.lookup.ShardedLookup(with_optimizer(work.feature_configs(), opt))
+step = lookup_steps(lookup, inputs, loss_of)[1]
+for _ in range(5): step()
+print("go", flush=True)
+end = time.time() + float(sys.argv[1]); n = 0
+t0 = time.perf_counter()
+while time.time() < end:
+  step().numpy(); n += 1
+print(f"{n} steps, {(time.perf_counter()-t0)/n*1e3:.2f} ms/step")
