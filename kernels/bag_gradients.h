@@ -78,8 +78,7 @@ struct BagGradients {
   template <int kDim = 0>
   __attribute__((always_inline)) void Row(int64_t k, float* out) const {
     const int64_t width = kDim > 0 ? kDim : dim;
-    float fixed[kDim > 0 ? kDim : 1];
-    float* acc = kDim > 0 ? fixed : out;
+    float* acc = out;
     std::fill(acc, acc + width, 0.0f);
     const int64_t entries = segments[num_rows];
     // One entry at a time (GCC's unrolling by two turned the sums into a
@@ -96,7 +95,6 @@ struct BagGradients {
       const T* g = output_grad + static_cast<int64_t>(bags[j]) * width;
       for (int64_t d = 0; d < width; ++d) acc[d] += c * static_cast<float>(g[d]);
     }
-    if (kDim > 0) std::copy(acc, acc + width, out);
   }
 };
 

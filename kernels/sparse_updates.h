@@ -188,7 +188,11 @@ TFDE_VECTOR_CLONES __attribute__((optimize("no-loop-unroll-and-jam"))) void Upda
                                    const GradOf& grad_of, const RowsOf& rows_of) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   float* rows[Update::kNumVars];
-  std::vector<float> scratch(dim);
+  // A computed gradient row: a fixed array where the width is known, so it
+  // may stay in registers from grad_of to Update::Row.
+  alignas(64) float fixed[kDim > 0 ? kDim : 1];
+  std::vector<float> heap(kDim > 0 ? 0 : dim);
+  float* scratch = kDim > 0 ? fixed : heap.data();
   for (int64_t i = begin; i < end; ++i) {
     if (i + kPrefetchDistance < end && rows_of(i + kPrefetchDistance, rows)) {
       for (int v = 0; v < Update::kNumVars; ++v) {
@@ -196,7 +200,7 @@ TFDE_VECTOR_CLONES __attribute__((optimize("no-loop-unroll-and-jam"))) void Upda
       }
     }
     if (!rows_of(i, rows)) continue;
-    Update::Row(params, rows, grad_of(i, scratch.data()), dim);
+    Update::Row(params, rows, grad_of(i, scratch), dim);
   }
 }
 
