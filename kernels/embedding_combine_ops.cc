@@ -314,6 +314,22 @@ void BuildBagGradientIndex(const Coefficients& c, int64_t num_rows, int64_t* seg
   });
 }
 
+// Rows [k0, k1) of a bag gradient summed into out (k1 <= rows read), at a
+// width known when compiled (kDim > 0, WithCompiledWidth) and for AVX2 as
+// well as baseline x86-64, as the optimizers' update loops sum theirs.
+template <int kDim, typename T>
+TFDE_VECTOR_CLONES void SumBagRows(const BagGradients<T>& bags, int64_t k0, int64_t k1, T* out) {
+  const int64_t dim = kDim > 0 ? kDim : bags.dim;
+  alignas(64) float fixed[kDim > 0 ? kDim : 1];
+  std::vector<float> heap(kDim > 0 ? 0 : dim);
+  float* acc = kDim > 0 ? fixed : heap.data();
+  for (int64_t k = k0; k < k1; ++k) {
+    bags.template Row<kDim>(k, acc);
+    T* o = out + k * dim;
+    for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
+  }
+}
+
 }  // namespace
 
 Status functor::BagGradientIndex<CPUDevice>::operator()(OpKernelContext* /*ctx*/,
@@ -358,17 +374,14 @@ Status functor::EmbeddingCombineGrad<CPUDevice, T>::operator()(OpKernelContext* 
   // Each output row is owned by one thread and summed without atomics, in
   // id order (deterministic).
   const int64_t cost = (num_unique ? n / num_unique + 1 : 1) * dim * 2;
-  ParallelFor(ctx, num_unique, cost, [&](int64_t k0, int64_t k1) {
-    std::vector<float> acc(dim);
-    for (int64_t k = k0; k < k1; ++k) {
-      T* o = out + k * dim;
-      if (k >= rows_read) {
-        std::fill_n(o, dim, static_cast<T>(0.0f));
-        continue;
+  WithCompiledWidth(dim, [&](auto width) {
+    ParallelFor(ctx, num_unique, cost, [&](int64_t k0, int64_t k1) {
+      SumBagRows<decltype(width)::value>(bag_grads, k0, std::min(k1, rows_read), out);
+      if (k1 > rows_read) {
+        const int64_t first = std::max(k0, rows_read);
+        std::fill_n(out + first * dim, (k1 - first) * dim, static_cast<T>(0.0f));
       }
-      bag_grads.Row(k, acc.data());
-      for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[d]);
-    }
+    });
   });
   return absl::OkStatus();
 }
