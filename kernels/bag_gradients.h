@@ -9,8 +9,10 @@
 // `output_grad` is the lookup's [batch, dim] output gradient, `bags` the
 // sample each id belongs to and `bag_weights` the id's coefficient (its
 // weight over the combiner's divisor), listed row by row. Entries of a row
-// keep the ids' order, so the sum is deterministic and equal to
-// TfdeEmbeddingCombineGrad's.
+// keep the ids' order, so the sum is deterministic and, on one machine,
+// equal to TfdeEmbeddingCombineGrad's (both are compiled for AVX2 and FMA
+// as well as baseline x86-64; a weighted sum may round differently between
+// the two builds).
 #ifndef TFDE_KERNELS_BAG_GRADIENTS_H_
 #define TFDE_KERNELS_BAG_GRADIENTS_H_
 
@@ -71,29 +73,33 @@ struct BagGradients {
     return absl::OkStatus();
   }
 
-  // Writes row k's gradient to out[0, dim). kDim > 0 is dim known when
-  // compiled (WithCompiledWidth): the sums then stay in registers while
-  // the row's entries are read, and reach `out` once. Always inlined, so it
-  // is compiled for its caller's instruction set (TFDE_VECTOR_CLONES).
+  // Writes row k's gradient to out[0, dim), which must not overlap
+  // output_grad. kDim > 0 is dim known when compiled (WithCompiledWidth):
+  // where `out` is the caller's local array, the sums then stay in
+  // registers while the row's entries are read. Always inlined, so the sum
+  // is compiled for its caller's instruction set (TFDE_VECTOR_CLONES); its
+  // callers also keep GCC from jamming two entries into one scalar loop
+  // (TFDE_NO_UNROLL_AND_JAM).
   template <int kDim = 0>
   __attribute__((always_inline)) void Row(int64_t k, float* out) const {
     const int64_t width = kDim > 0 ? kDim : dim;
-    float* acc = out;
-    std::fill(acc, acc + width, 0.0f);
+    std::fill(out, out + width, 0.0f);
     const int64_t entries = segments[num_rows];
-    // One entry at a time (GCC's unrolling by two turned the sums into a
-    // scalar loop in memory), each output-gradient row asked for a few
-    // entries ahead: the rows of a segment are samples anywhere in the
-    // batch, and the next row's entries follow this one's.
-#pragma GCC unroll 1
     for (int64_t j = segments[k]; j < segments[k + 1]; ++j) {
+      // The output-gradient rows of a segment are samples anywhere in the
+      // batch: each is asked for a few entries ahead (past this segment,
+      // those of the rows that usually come next). An update checks only
+      // its own rows' bags, so a bag ahead is used only if in range.
       if (j + kCombinePrefetchDistance < entries) {
-        PrefetchRow(output_grad + static_cast<int64_t>(bags[j + kCombinePrefetchDistance]) * width,
-                    width * sizeof(T), false);
+        const int32_t ahead = bags[j + kCombinePrefetchDistance];
+        if (static_cast<uint64_t>(ahead) < static_cast<uint64_t>(num_bags)) {
+          PrefetchRow(output_grad + static_cast<int64_t>(ahead) * width, width * sizeof(T),
+                      false);
+        }
       }
       const float c = weights[j];
       const T* g = output_grad + static_cast<int64_t>(bags[j]) * width;
-      for (int64_t d = 0; d < width; ++d) acc[d] += c * static_cast<float>(g[d]);
+      for (int64_t d = 0; d < width; ++d) out[d] += c * static_cast<float>(g[d]);
     }
   }
 };

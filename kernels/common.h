@@ -119,6 +119,17 @@ inline void ParallelFor(tensorflow::OpKernelContext* ctx, int64_t total,
 #define TFDE_VECTOR_CLONES
 #endif
 
+// For a loop over a row's entries whose inner loop (over the row's width,
+// known when compiled) keeps its sums in registers: GCC's unroll-and-jam
+// otherwise fuses two entries' inner loops into one scalar loop through
+// memory, which made the bag sums of the optimizers' updates slower than at
+// a run-time width (notes/session15/unroll_and_jam.txt).
+#if defined(__GNUC__) && !defined(__clang__)
+#define TFDE_NO_UNROLL_AND_JAM __attribute__((optimize("no-loop-unroll-and-jam")))
+#else
+#define TFDE_NO_UNROLL_AND_JAM
+#endif
+
 // The smallest and largest of values[begin, end), into *lo and *hi. Compiled
 // for AVX2 too (TFDE_VECTOR_CLONES): baseline x86-64 has no vector compare
 // of 64-bit integers, so an int64 block would be scanned one id at a time.
@@ -167,7 +178,8 @@ inline int NumWorkerThreads(tensorflow::OpKernelContext* ctx) {
 // before it. Always inlined: GCC finds a call of it free of side effects
 // (a prefetch changes nothing a program can read) and, where it has not
 // inlined it early, deletes the call (notes/session15/prefetch_dropped.txt).
-__attribute__((always_inline)) inline void PrefetchRow(const void* row, int64_t bytes, bool for_write) {
+__attribute__((always_inline)) inline void PrefetchRow(const void* row, int64_t bytes,
+                                                       bool for_write) {
   const char* p = static_cast<const char*>(row);
   for (int64_t b = 0; b < bytes; b += 64) {
     if (for_write) {

@@ -314,11 +314,13 @@ void BuildBagGradientIndex(const Coefficients& c, int64_t num_rows, int64_t* seg
   });
 }
 
-// Rows [k0, k1) of a bag gradient summed into out (k1 <= rows read), at a
-// width known when compiled (kDim > 0, WithCompiledWidth) and for AVX2 as
-// well as baseline x86-64, as the optimizers' update loops sum theirs.
+// Rows [k0, k1) of a bag gradient written to out (k1 <= rows read), at a
+// width known when compiled (kDim > 0, WithCompiledWidth) and for AVX2 and
+// FMA as well as baseline x86-64, compiled as the optimizers' update loops
+// compile theirs: on one machine a row's gradient has the same bits by
+// either path.
 template <int kDim, typename T>
-TFDE_VECTOR_CLONES void SumBagRows(const BagGradients<T>& bags, int64_t k0, int64_t k1, T* out) {
+TFDE_VECTOR_CLONES TFDE_NO_UNROLL_AND_JAM void SumBagRows(const BagGradients<T>& bags, int64_t k0, int64_t k1, T* out) {
   const int64_t dim = kDim > 0 ? kDim : bags.dim;
   alignas(64) float fixed[kDim > 0 ? kDim : 1];
   std::vector<float> heap(kDim > 0 ? 0 : dim);

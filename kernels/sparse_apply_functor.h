@@ -59,7 +59,7 @@ struct BagGradientRows {
     for (int64_t i = 0; i < n; ++i) TF_RETURN_IF_ERROR(bags.CheckRow(rows ? rows[i] : i));
     return absl::OkStatus();
   }
-  // Always inlined, as BagGradients::Row.
+  // Always inlined, so the sum is compiled with UpdateRows' instruction set.
   template <int kDim = 0>
   __attribute__((always_inline)) const float* Row(int64_t g, float* scratch) const {
     bags.template Row<kDim>(g, scratch);

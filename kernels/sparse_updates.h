@@ -75,7 +75,8 @@ inline float SumOfSquares(const float* g, int64_t dim) {
   for (; d + kLanes <= dim; d += kLanes) {
     for (int k = 0; k < kLanes; ++k) partial[k] += g[d + k] * g[d + k];
   }
-  // The tail, d a multiple of kLanes: partial[k] is partial[(d + k) % kLanes].
+  // d is a multiple of kLanes here, so g[d + k] goes to partial[k], as in a
+  // full block.
   for (int k = 0; k < kLanes && d + k < dim; ++k) partial[k] += g[d + k] * g[d + k];
   float sum = 0.0f;
   for (float p : partial) sum += p;
@@ -183,9 +184,11 @@ struct FtrlUpdate {
 // are visited in no predictable order. kDim > 0 is dim known when compiled
 // (WithCompiledWidth), which Update::Row then loops over.
 template <typename Update, int kDim = 0, typename GradOf, typename RowsOf>
-TFDE_VECTOR_CLONES __attribute__((optimize("no-loop-unroll-and-jam"))) void UpdateRows(const typename Update::Params& params,
-                                   int64_t begin, int64_t end, int64_t runtime_dim,
-                                   const GradOf& grad_of, const RowsOf& rows_of) {
+TFDE_VECTOR_CLONES TFDE_NO_UNROLL_AND_JAM void UpdateRows(const typename Update::Params& params,
+                                                          int64_t begin, int64_t end,
+                                                          int64_t runtime_dim,
+                                                          const GradOf& grad_of,
+                                                          const RowsOf& rows_of) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   float* rows[Update::kNumVars];
   // A computed gradient row: a fixed array where the width is known, so it

@@ -171,7 +171,8 @@ def embedding_combine_grad(grad, inverse, row_splits, weights, num_unique,
 def sum_rows_by_index(rows, index, num_rows, device=None):
   """out[k] = the sum of rows[i] over the i with index[i] == k, added in
   order of i; rows no index names are 0. `tf.math.unsorted_segment_sum`
-  of float32 [n, dim] rows (the same bits), on the combine gradient's
+  of float32 [n, dim] rows (the same bits: each coefficient is 1, so a
+  fused multiply-add rounds as the add does), on the combine gradient's
   kernels (each row a sample of its own), which sum in parallel where
   TensorFlow's CPU kernel adds one row at a time. Where the rows are on a
   GPU (`device`; not known: where a GPU is visible) the stock op serves:
