@@ -127,6 +127,30 @@ def test_bag_gradients_match_numpy(op_backend, seed, combiner):
   np.testing.assert_allclose(dense, want_grad, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_bag_index_of_a_large_batch_matches_numpy(op_backend, combiner):
+  # Past 2^17 ids the kernel counts and places them in parallel blocks
+  # (GroupByRowInParallel): each row's entries must still be its ids in order.
+  rng = np.random.default_rng(17)
+  batch, hot, vocab = 8192, 40, 30_000  # 327,680 ids, Zipf-skewed as a real batch
+  ids = (rng.zipf(1.1, size=(batch, hot)) - 1) % vocab
+  weights = rng.uniform(0.5, 2.0, size=(batch, hot)).astype(np.float32)
+  unique, inverse = tfde.ops.sorted_unique_in_range(tf.constant(ids.ravel()), vocab)
+  grad = rng.normal(size=(batch, 8)).astype(np.float32)
+  bags = tfde.ops.bag_gradients(tf.constant(grad), inverse,
+                                tf.range(0, batch * hot + 1, hot, dtype=tf.int64),
+                                tf.constant(weights.ravel()), tf.size(unique), combiner)
+  want_segments, want_bags, want_weights = _numpy_bag_index(inverse.numpy(), list(ids),
+                                                            list(weights), combiner)
+  np.testing.assert_array_equal(bags.segments.numpy(), want_segments)
+  np.testing.assert_array_equal(bags.bags.numpy(), want_bags)
+  np.testing.assert_allclose(bags.weights.numpy(), want_weights, rtol=1e-5, atol=1e-7)
+  dense = np.zeros((vocab, 8))
+  np.add.at(dense, unique.numpy(), tfde.ops.bag_gradients_dense(bags).numpy())
+  want_grad = oracles.combine_grad_dense(vocab, grad, list(ids), list(weights), combiner)
+  np.testing.assert_allclose(dense, want_grad, rtol=1e-4, atol=1e-4)
+
+
 def _apply_from_bags(kind, table, slots, rows, bag_grads, step, hp, grad_rows=None):
   scalars = {"sgd": ["learning_rate"], "adagrad": ["learning_rate", "epsilon"],
              "rowwise_adagrad": ["learning_rate", "epsilon"],
