@@ -17,7 +17,7 @@
 #define TFDE_KERNELS_BAG_GRADIENTS_H_
 
 #include <algorithm>
-#include <memory>
+#include <limits>
 #include <vector>
 
 #include "common.h"
@@ -45,19 +45,31 @@ void GroupByRow(const int32_t* inverse, int64_t n, int64_t num_rows, int64_t* se
 // GroupByRow on the op's thread pool, with the same lists: the entries in
 // `parts` blocks, in order, each counting its rows and then placing its
 // entries from a cursor of its own per row, which starts after the places
-// of the blocks before it. Worth it from a few blocks of 2^16 entries (the
-// counting and placing are random accesses; the prefix sum stays serial).
+// of the blocks before it. The cursors are parts * num_rows int32 and the
+// prefix sum over them is serial, so parts is capped to keep both within
+// 4 * n: a huge row space with few ids per row stays serial, as does a
+// batch too small to split (under two blocks of 2^16 entries) or too large
+// for int32 cursors.
 template <typename Place>
-void GroupByRowInParallel(OpKernelContext* ctx, const int32_t* inverse, int64_t n,
-                          int64_t num_rows, int64_t* segments, const Place& place) {
-  const int64_t parts = std::min<int64_t>(NumWorkerThreads(ctx), n >> 16);
-  if (parts < 2) return GroupByRow(inverse, n, num_rows, segments, place);
+Status GroupByRowInParallel(OpKernelContext* ctx, const int32_t* inverse, int64_t n,
+                            int64_t num_rows, int64_t* segments, const Place& place) {
+  const int64_t parts =
+      n > std::numeric_limits<int32_t>::max()
+          ? 1
+          : std::min({static_cast<int64_t>(NumWorkerThreads(ctx)), n >> 16,
+                      4 * n / std::max<int64_t>(num_rows, 1)});
+  if (parts < 2) {
+    GroupByRow(inverse, n, num_rows, segments, place);
+    return absl::OkStatus();
+  }
   const Blocks blocks{n, parts};
-  // Block p's counts of each row, then its cursors (n < 2^31: int32).
-  std::unique_ptr<int32_t[]> cursors(new int32_t[parts * num_rows]);
+  // Block p's counts of each row, then its cursors.
+  Tensor cursors_t;
+  int32_t* cursors;
+  TF_RETURN_IF_ERROR(AllocateScratch(ctx, parts * num_rows, &cursors_t, &cursors));
   ParallelFor(ctx, parts, n / parts * 4, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
-      int32_t* count = cursors.get() + p * num_rows;
+      int32_t* count = cursors + p * num_rows;
       std::fill(count, count + num_rows, 0);
       for (int64_t i = blocks.Begin(p); i < blocks.Begin(p + 1); ++i) ++count[inverse[i]];
     }
@@ -75,10 +87,13 @@ void GroupByRowInParallel(OpKernelContext* ctx, const int32_t* inverse, int64_t 
   segments[num_rows] = next;
   ParallelFor(ctx, parts, n / parts * 8, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
-      int32_t* cursor = cursors.get() + p * num_rows;
-      for (int64_t i = blocks.Begin(p); i < blocks.Begin(p + 1); ++i) place(i, cursor[inverse[i]]++);
+      int32_t* cursor = cursors + p * num_rows;
+      for (int64_t i = blocks.Begin(p); i < blocks.Begin(p + 1); ++i) {
+        place(i, cursor[inverse[i]]++);
+      }
     }
   });
+  return absl::OkStatus();
 }
 
 // A validated view of the four bag-gradient tensors.
@@ -133,8 +148,8 @@ struct BagGradients {
       if (j + kCombinePrefetchDistance < entries) {
         const int32_t ahead = bags[j + kCombinePrefetchDistance];
         if (static_cast<uint64_t>(ahead) < static_cast<uint64_t>(num_bags)) {
-          PrefetchRow(output_grad + static_cast<int64_t>(ahead) * width, width * sizeof(T),
-                      false);
+          PrefetchRow(output_grad + static_cast<int64_t>(ahead) * width,
+                      width * sizeof(T), false);
         }
       }
       const float c = weights[j];

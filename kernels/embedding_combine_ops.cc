@@ -304,15 +304,15 @@ namespace {
 
 // The bag-gradient view of the ids (bag_gradients.h): ids grouped by row
 // (of num_rows), with their bag and coefficient.
-void BuildBagGradientIndex(OpKernelContext* ctx, const Coefficients& c, int64_t num_rows,
-                           int64_t* segments, int32_t* bags, float* bag_weights) {
+Status BuildBagGradientIndex(OpKernelContext* ctx, const Coefficients& c, int64_t num_rows,
+                             int64_t* segments, int32_t* bags, float* bag_weights) {
   const int32_t* bag_of = c.bag_of.flat<int32_t>().data();
   const float* coefficient = c.coefficient.flat<float>().data();
-  GroupByRowInParallel(ctx, c.inverse, c.bag_of.NumElements(), num_rows, segments,
-                       [&](int64_t i, int64_t j) {
-                         bags[j] = bag_of[i];
-                         bag_weights[j] = coefficient[i];
-                       });
+  return GroupByRowInParallel(ctx, c.inverse, c.bag_of.NumElements(), num_rows, segments,
+                              [&](int64_t i, int64_t j) {
+                                bags[j] = bag_of[i];
+                                bag_weights[j] = coefficient[i];
+                              });
 }
 
 // Rows [k0, k1) of a bag gradient written to out (k1 <= rows read), at a
@@ -321,7 +321,8 @@ void BuildBagGradientIndex(OpKernelContext* ctx, const Coefficients& c, int64_t 
 // compile theirs: on one machine a row's gradient has the same bits by
 // either path.
 template <int kDim, typename T>
-TFDE_VECTOR_CLONES TFDE_NO_UNROLL_AND_JAM void SumBagRows(const BagGradients<T>& bags, int64_t k0, int64_t k1, T* out) {
+TFDE_VECTOR_CLONES TFDE_NO_UNROLL_AND_JAM void SumBagRows(const BagGradients<T>& bags, int64_t k0,
+                                                          int64_t k1, T* out) {
   const int64_t dim = kDim > 0 ? kDim : bags.dim;
   alignas(64) float fixed[kDim > 0 ? kDim : 1];
   std::vector<float> heap(kDim > 0 ? 0 : dim);
@@ -340,9 +341,8 @@ Status functor::BagGradientIndex<CPUDevice>::operator()(OpKernelContext* ctx,
                                                         int64_t num_unique, Tensor* segments,
                                                         Tensor* bags,
                                                         Tensor* bag_weights) const {
-  BuildBagGradientIndex(ctx, c, num_unique, segments->flat<int64_t>().data(),
-                        bags->flat<int32_t>().data(), bag_weights->flat<float>().data());
-  return absl::OkStatus();
+  return BuildBagGradientIndex(ctx, c, num_unique, segments->flat<int64_t>().data(),
+                               bags->flat<int32_t>().data(), bag_weights->flat<float>().data());
 }
 
 template <typename T>
@@ -364,7 +364,7 @@ Status functor::EmbeddingCombineGrad<CPUDevice, T>::operator()(OpKernelContext* 
   TF_RETURN_IF_ERROR(AllocateScratch(ctx, rows_read + 1, &segments_t, &segments));
   TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &bags_t, &bags));
   TF_RETURN_IF_ERROR(AllocateScratch(ctx, n, &bag_weights_t, &bag_weights));
-  BuildBagGradientIndex(ctx, c, rows_read, segments, bags, bag_weights);
+  TF_RETURN_IF_ERROR(BuildBagGradientIndex(ctx, c, rows_read, segments, bags, bag_weights));
   BagGradients<T> bag_grads;
   bag_grads.output_grad = grad_t.flat<T>().data();
   bag_grads.num_bags = grad_t.dim_size(0);

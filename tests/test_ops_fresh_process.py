@@ -133,3 +133,57 @@ def test_tables_of_another_dtype_are_refused(op_backend, dtype):
   for line in _run_in_fresh_process(op_backend, calls):
     assert line.startswith("RAISED InvalidArgumentError"), line
     assert f"must be a float32 matrix, got {dtype} [4,4]" in line, line
+
+
+# ------------------------------- the bag index's parallel blocks
+
+_BAG_INDEX_IN_BLOCKS = """
+import sys
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(5)
+sys.path.insert(0, {root!r})
+import tfde.ops
+from tests import oracles
+rng = np.random.default_rng(3)
+# 5 * 2^16 + 13 ids in samples of uneven length: 5 blocks whose edges fall
+# inside samples and rows.
+n, vocab, dim = 5 * 2**16 + 13, 20_000, 4
+lengths = rng.integers(1, 80, size=n)
+lengths = lengths[:np.searchsorted(np.cumsum(lengths), n)]
+lengths = np.append(lengths, n - lengths.sum())
+splits = np.concatenate([[0], np.cumsum(lengths)])
+flat = (rng.zipf(1.1, size=n) - 1) % vocab
+unique, inverse = tfde.ops.sorted_unique_in_range(tf.constant(flat), vocab)
+grad = rng.normal(size=(len(lengths), dim)).astype(np.float32)
+bags = tfde.ops.bag_gradients(tf.constant(grad), inverse, tf.constant(splits), None,
+                              tf.size(unique), "mean")
+order = np.argsort(inverse.numpy(), kind="stable")
+sample = np.repeat(np.arange(len(lengths)), lengths)
+np.testing.assert_array_equal(bags.bags.numpy(), sample[order])
+np.testing.assert_array_equal(
+    bags.segments.numpy(),
+    np.concatenate([[0], np.cumsum(np.bincount(inverse.numpy(), minlength=len(unique)))]))
+np.testing.assert_allclose(bags.weights.numpy(), (1.0 / lengths[sample])[order], rtol=1e-6)
+ids = [flat[splits[b]:splits[b + 1]] for b in range(len(lengths))]
+want = oracles.combine_grad_dense(vocab, grad, ids, None, "mean")[unique.numpy()]
+got = tfde.ops.embedding_combine_grad(tf.constant(grad), inverse, tf.constant(splits), None,
+                                      tf.size(unique), "mean")
+# float32 sums of up to tens of thousands of entries (the hottest ids)
+# against float64: the rounding, not the order, sets the tolerance.
+np.testing.assert_allclose(got.numpy(), want, rtol=1e-3, atol=1e-3)
+print("ok")
+"""
+
+
+def test_bag_index_in_five_blocks_matches_numpy():
+  # Five intra-op threads: the kernels build the index in five blocks of
+  # uneven edges (GroupByRowInParallel), for the optimizers' bags and the
+  # combine gradient alike; each row's entries stay its ids in order.
+  code = _BAG_INDEX_IN_BLOCKS.format(root=_REPO_ROOT)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  env.pop("TFDE_OPS", None)
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, cwd=_REPO_ROOT)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.strip().splitlines()[-1] == "ok"

@@ -1,4 +1,5 @@
-"""The bench's SGD step in a loop, for perf: prints "go" then runs argv[1] seconds."""
+"""The bench's SGD (argv[2] "sgd", the default) or row-wise Adagrad ("rowwise")
+step in a loop, for perf: prints "go" then runs argv[1] seconds."""
 import sys, time
 sys.path.insert(0, "bench")
 import numpy as np
@@ -15,7 +16,8 @@ targets = {f"f{t}": tf.constant(rng.normal(size=(work.batch, work.dim)), tf.floa
            for t in range(work.tables)}
 loss_of = lambda out: tf.add_n([tf.reduce_sum(out[k] * targets[k]) for k in out])
 opt = {"sgd": tfde.optimizers.SGD(0.01),
-       "rowwise": tfde.optimizers.RowwiseAdagrad(0.01, epsilon=1e-7)}[sys.argv[2] if len(sys.argv) > 2 else "sgd"]
+       "rowwise": tfde.optimizers.RowwiseAdagrad(0.01, epsilon=1e-7),
+       }[sys.argv[2] if len(sys.argv) > 2 else "sgd"]
 lookup = tfde.lookup.ShardedLookup(with_optimizer(work.feature_configs(), opt))
 step = lookup_steps(lookup, inputs, loss_of)[1]
 for _ in range(5): step()
