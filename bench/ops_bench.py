@@ -233,20 +233,14 @@ def main():
     return
   tables, vocab, dim, batch, hot = (work.tables, work.vocab, work.dim,
                                     work.batch, work.hot)
-  rng = np.random.default_rng(1)
   ids = work.ids(seed=0)
   unique = [len(np.unique(x)) for x in ids]
   print(f"data: {work.describe()}; unique ids per table {unique}; "
         f"TF {tf.__version__}, {os.cpu_count()} cores; median of {args.reps}")
 
   fwd_bytes, train_bytes = work.moved_bytes(unique)
-  inputs = {f"f{t}": tf.constant(ids[t]) for t in range(tables)}
-  targets = {f"f{t}": tf.constant(rng.normal(size=(batch, dim)), tf.float32)
-             for t in range(tables)}
+  inputs, loss_of = work.feed(seed=0)
   results = {}
-
-  def loss_of(outputs):
-    return tf.add_n([tf.reduce_sum(outputs[k] * targets[k]) for k in outputs])
 
   # tfde, both backends: the real pipeline (ShardedLookup, one replica).
   for backend in (tfde.ops.KERNELS, tfde.ops.REFERENCE):

@@ -30,6 +30,22 @@ class Workload:
     return [((rng.zipf(self.alpha, size=(self.batch, self.hot)) - 1)
              % self.vocab).astype(np.int64) for _ in range(self.tables)]
 
+  def feed(self, seed=0):
+    """The one-replica benches' feed: ({feature: ids(seed) of its table},
+    loss_of), where loss_of(outputs) is sum(outputs * targets), the targets
+    [batch, dim] N(0, 1) draws of rng(seed + 1), one per feature."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    ids = self.ids(seed)
+    rng = np.random.default_rng(seed + 1)
+    inputs = {f"f{t}": tf.constant(ids[t]) for t in range(self.tables)}
+    targets = {f"f{t}": tf.constant(rng.normal(size=(self.batch, self.dim)), tf.float32)
+               for t in range(self.tables)}
+
+    def loss_of(outputs):
+      return tf.add_n([tf.reduce_sum(outputs[k] * targets[k]) for k in outputs])
+
+    return inputs, loss_of
+
   def feature_configs(self):
     import tfde  # pylint: disable=g-import-not-at-top
     return {f"f{t}": tfde.FeatureConfig(

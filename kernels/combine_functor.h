@@ -144,10 +144,8 @@ TFDE_VECTOR_CLONES __attribute__((optimize("fp-contract=off"))) void CombineSamp
     const float* weights, Combiner combiner, int64_t runtime_dim, const RowOf& row_of,
     T* out) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
-  // A fixed array where the width is known (registers), else the heap.
-  float fixed[kDim > 0 ? kDim : 1];
-  std::vector<float> heap(kDim > 0 ? 0 : dim);
-  float* acc = kDim > 0 ? fixed : heap.data();
+  RowScratch<kDim> scratch(dim);
+  float* acc = scratch.data();
   const int64_t last = splits[b1];
   for (int64_t b = b0; b < b1; ++b) {
     for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f;

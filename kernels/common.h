@@ -215,6 +215,22 @@ void WithCompiledWidth(int64_t dim, const Fn& fn) {
   }
 }
 
+// One row of `dim` floats of scratch: a fixed array where the width is
+// known when compiled (kDim > 0, WithCompiledWidth), which the compiler
+// may keep in registers across a row's loop, else the heap.
+template <int kDim>
+class RowScratch {
+ public:
+  explicit RowScratch(int64_t dim) : heap_(kDim > 0 ? 0 : dim) {}
+  RowScratch(const RowScratch&) = delete;
+  RowScratch& operator=(const RowScratch&) = delete;
+  float* data() { return kDim > 0 ? fixed_ : heap_.data(); }
+
+ private:
+  alignas(64) float fixed_[kDim > 0 ? kDim : 1];
+  std::vector<float> heap_;
+};
+
 // Splits [0, total) into `num_blocks` contiguous blocks; block b is
 // [BlockBegin(b), BlockBegin(b + 1)).
 struct Blocks {

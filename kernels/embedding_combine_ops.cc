@@ -324,9 +324,8 @@ template <int kDim, typename T>
 TFDE_VECTOR_CLONES TFDE_NO_UNROLL_AND_JAM void SumBagRows(const BagGradients<T>& bags, int64_t k0,
                                                           int64_t k1, T* out) {
   const int64_t dim = kDim > 0 ? kDim : bags.dim;
-  alignas(64) float fixed[kDim > 0 ? kDim : 1];
-  std::vector<float> heap(kDim > 0 ? 0 : dim);
-  float* acc = kDim > 0 ? fixed : heap.data();
+  RowScratch<kDim> scratch(dim);
+  float* acc = scratch.data();
   for (int64_t k = k0; k < k1; ++k) {
     bags.template Row<kDim>(k, acc);
     T* o = out + k * dim;

@@ -191,11 +191,10 @@ TFDE_VECTOR_CLONES TFDE_NO_UNROLL_AND_JAM void UpdateRows(const typename Update:
                                                           const RowsOf& rows_of) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   float* rows[Update::kNumVars];
-  // A computed gradient row: a fixed array where the width is known, so it
-  // may stay in registers from grad_of to Update::Row.
-  alignas(64) float fixed[kDim > 0 ? kDim : 1];
-  std::vector<float> heap(kDim > 0 ? 0 : dim);
-  float* scratch = kDim > 0 ? fixed : heap.data();
+  // A computed gradient row, which may stay in registers from grad_of to
+  // Update::Row where the width is known.
+  RowScratch<kDim> row_scratch(dim);
+  float* scratch = row_scratch.data();
   for (int64_t i = begin; i < end; ++i) {
     if (i + kPrefetchDistance < end && rows_of(i + kPrefetchDistance, rows)) {
       for (int v = 0; v < Update::kNumVars; ++v) {

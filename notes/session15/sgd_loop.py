@@ -2,19 +2,13 @@
 step in a loop, for perf: prints "go" then runs argv[1] seconds."""
 import sys, time
 sys.path.insert(0, "bench")
-import numpy as np
 import tensorflow as tf
 import tfde
 from workload import Workload, lookup_steps
 from ops_bench import with_optimizer
 
 work = Workload()
-ids = work.ids(seed=0)
-rng = np.random.default_rng(1)
-inputs = {f"f{t}": tf.constant(ids[t]) for t in range(work.tables)}
-targets = {f"f{t}": tf.constant(rng.normal(size=(work.batch, work.dim)), tf.float32)
-           for t in range(work.tables)}
-loss_of = lambda out: tf.add_n([tf.reduce_sum(out[k] * targets[k]) for k in out])
+inputs, loss_of = work.feed(seed=0)
 opt = {"sgd": tfde.optimizers.SGD(0.01),
        "rowwise": tfde.optimizers.RowwiseAdagrad(0.01, epsilon=1e-7),
        }[sys.argv[2] if len(sys.argv) > 2 else "sgd"]

@@ -4,19 +4,13 @@ system, both threads) per step over all rounds. CPU time is less disturbed
 than wall time by other tenants of a shared host. argv[1]: rounds."""
 import resource, statistics, sys, time
 sys.path.insert(0, "bench")
-import numpy as np
 import tensorflow as tf
 import tfde
 from workload import Workload, lookup_steps
 from ops_bench import with_optimizer
 
 work = Workload()
-ids = work.ids(seed=0)
-rng = np.random.default_rng(1)
-inputs = {f"f{t}": tf.constant(ids[t]) for t in range(work.tables)}
-targets = {f"f{t}": tf.constant(rng.normal(size=(work.batch, work.dim)), tf.float32)
-           for t in range(work.tables)}
-loss_of = lambda out: tf.add_n([tf.reduce_sum(out[k] * targets[k]) for k in out])
+inputs, loss_of = work.feed(seed=0)
 steps = {}
 for name, opt in (("SGD", tfde.optimizers.SGD(0.01)), ("Adagrad", tfde.optimizers.Adagrad(0.01)),
                   ("row-wise Adagrad", tfde.optimizers.RowwiseAdagrad(0.01, epsilon=1e-7))):
