@@ -86,3 +86,51 @@ def test_each_feature_is_checked_by_one_op_and_bad_ids_name_it():
     assert "feature b (table t): id 50 at position 2 is out of range [0, 50)" in e.message
   else:
     raise AssertionError("an id past the vocabulary was looked up")
+
+
+def test_owners_dedup_in_row_order_and_apply_bags(op_backend):
+  """At two replicas the forward dedups each replica's ids in row order
+  (a bitmap, `TfdeSortedUniqueInRange`), and each owner dedups what it is
+  sent the same way (or by hashing, chosen at run time for requests of
+  unknown count: both ops are in the graph) and applies the received
+  gradients as bags (`TfdeBagGradientIndex`, on the kernels; the twins sum
+  them into a matrix). A row both replicas read is updated once, with the sum of
+  their gradients (lazy Adam, against numpy)."""
+  from tests import sharded_harness as h  # pylint: disable=g-import-not-at-top
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  table = tfde.TableConfig(name="t", vocabulary_size=12, embedding_dim=3,
+                           optimizer=h.sparse_optimizer("adam"), combiner="sum")
+  with strategy.scope():
+    lookup = h.sharded_lookup({"a": tfde.FeatureConfig(name="a", table=table)})
+  before = lookup.table_values()["t"]
+  # Rows 1, 4 and 7 are read by both replicas, row 4 twice by replica 1.
+  ids = [np.array([[1, 4], [7, 2]]), np.array([[4, 4], [1, 7], [9, 1]])]
+  scale = [np.array([[1.0], [2.0]]), np.array([[3.0], [5.0], [7.0]])]
+
+  def replica_step():
+    r = tf.distribute.get_replica_context().replica_id_in_sync_group
+    inputs = tf.gather(tf.ragged.constant([ids[0].tolist(), ids[1].tolist()],
+                                          dtype=tf.int64), r).to_tensor()
+    weights = tf.gather(tf.ragged.constant([scale[0].tolist(), scale[1].tolist()]), r)
+    with tf.GradientTape() as tape:
+      out = lookup({"a": inputs})["a"]
+      loss = tf.reduce_sum(out * weights.to_tensor())
+    tape.gradient(loss, lookup.trainable_variables)
+
+  step = tf.function(lambda: strategy.run(replica_step))
+  types = _op_types(step.get_concrete_function())
+  if op_backend == tfde.ops.KERNELS:
+    assert {"TfdeSortedUniqueInRange", "TfdeBagGradientIndex"} <= types, sorted(types)
+  step()
+
+  # Each id's gradient: the sum of its samples' scales, every row once.
+  grad = np.zeros(12)
+  for replica_ids, replica_scale in zip(ids, scale):
+    for sample, s in zip(replica_ids, replica_scale[:, 0]):
+      for i in sample:
+        grad[i] += s
+  rows = np.flatnonzero(grad)
+  expected = before.copy()
+  optimizer = h.numpy_optimizer("adam", expected.shape)
+  optimizer.apply(expected, rows, grad[rows, None] * np.ones((1, 3)))
+  np.testing.assert_allclose(lookup.table_values()["t"], expected, rtol=1e-5, atol=1e-6)

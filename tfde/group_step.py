@@ -76,28 +76,10 @@ def deduped(step):
   `routed.requested` is every id's row and `answer_index` the identity)."""
   if step.deduped:
     return step
-  # The requests are fused ids, rows of the group's one owner: a bitmap of
-  # its row space dedups them in increasing order, so each table's update
-  # walks its rows in address order. (Not so at several owners, whose
-  # dense segment sum of the gradients would then write out of order:
-  # slower, notes/session12/owner_ab.txt.) The bitmap's passes grow with
-  # the row space: past about 32 rows an id (a 40M-row group for the
-  # bench's 327,680 ids: 8.5 ms against 6.1) the hash dedup is cheaper,
-  # in first-appearance order.
-  requested, num_rows = step.routed.requested, step.group.layout.total_rows
-
-  def in_row_order():
-    return tuple(ops.sorted_unique_in_range(requested, num_rows))
-
-  def by_hashing():
-    return tuple(ops.unique_with_counts(requested)[:2])
-
-  n = requested.shape.num_elements()
-  if n is not None:
-    unique, inverse = in_row_order() if 32 * n >= num_rows else by_hashing()
-  else:
-    unique, inverse = tf.cond(32 * tf.size(requested, out_type=tf.int64) >= num_rows,
-                              in_row_order, by_hashing)
+  # The requests are fused ids, rows of the group's one owner, deduped in
+  # row order where that is cheap (`routing.unique_requests`).
+  unique, inverse = routing.unique_requests(step.routed.requested,
+                                            step.group.layout.total_rows)
   return dataclasses.replace(
       step, routed=routing.Routed(unique, None, inverse, None),
       num_rows=tf.size(unique), deduped=True)

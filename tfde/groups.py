@@ -41,10 +41,15 @@ class TableGroup:
       not as local rows.
     fuses_local: when one replica owns every row it reads, the outputs
       may be combined straight from the tables (`combine_local`) and the
-      gradients applied from bags.
+      gradients applied from bags; at several owners, each owner applies
+      the gradients it receives from bags too.
+    row_space: where the requests routed to an owner are row numbers (a
+      static group's fused local rows), the size of that row space (every
+      owner's rows lie below it), else None (ids).
   """
 
   fuses_local = False
+  row_space = None
 
   def __init__(self, tables, num_replicas):
     self.tables = tables
@@ -101,13 +106,18 @@ class TableGroup:
     """id(gradient variable) -> its IndexedSlices gradient (SOK style)."""
     raise NotImplementedError
 
-  def owned_gradients(self, comm, answer_grad, routed, device=None):
+  def owned_gradients(self, comm, answer_grad, routed, device=None, for_update=False):
     """(rows this replica owns, their gradients summed over every replica
-    that read them; `device`: where they live, if known). A replicated
-    group applies the same update on every copy: the gradients of all
-    replicas, summed per row in replica order."""
-    owned, summed = routing.gradients_to_owners(comm, answer_grad, routed, device)
-    if self.replicated and comm.num_replicas > 1:
+    that read them; `device`: where they live, if known). `for_update`:
+    they only feed `apply_gradient`, so they may come as the update reads
+    them best (`routing.gradients_to_owners`). A replicated group applies
+    the same update on every copy: the gradients of all replicas, summed
+    per row in replica order."""
+    every_copy = self.replicated and comm.num_replicas > 1
+    owned, summed = routing.gradients_to_owners(
+        comm, answer_grad, routed, device, row_space=self.row_space,
+        for_update=for_update and self.fuses_local and not every_copy)
+    if every_copy:
       every_row = comm.all_gather(owned)
       every_grad = comm.all_gather(summed)
       owned, owned_inverse, _ = ops.unique_with_counts(every_row)
@@ -133,6 +143,7 @@ class StaticGroup(TableGroup):
     # kernels read float32 tables), so such groups do not fuse.
     self.reduced_precision = any(t.config.dtype != "float32" for t in tables)
     self.fuses_local = not self.reduced_precision
+    self.row_space = self.layout.total_rows
 
   def fused_ids(self, features):
     return tf.concat([self.layout.fused_ids(self.index[f.table.name], f.ids)

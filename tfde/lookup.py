@@ -313,10 +313,17 @@ class ShardedLookup(tf.Module):
                                 None),
           batch=group_step.as_one_batch(features, combiners), num_rows=tf.size(fused_ids),
           fused=True, deduped=False)
-    unique, inverse, counts = ops.unique_with_counts(fused_ids)
+    if group.routes_ids:
+      unique, inverse, counts = ops.unique_with_counts(fused_ids)
+      counts = tf.cast(counts, tf.int64)
+    else:
+      # Fused ids are below the owners' row space times N: deduped in
+      # increasing order where that is cheap, so each owner reads its
+      # rows in address order.
+      unique, inverse = routing.unique_requests(fused_ids, group.row_space * group.num_shards)
+      counts = None
     routed = routing.route_to_owners(
-        comm, unique, inverse, group.num_shards,
-        counts=tf.cast(counts, tf.int64) if group.routes_ids else None,
+        comm, unique, inverse, group.num_shards, counts=counts,
         dynamic=group.routes_ids,
         stamp=group.step(comm.replica_id()) if group.num_shards > 1 else None,
         owner=group.owner)
@@ -433,7 +440,8 @@ class ShardedLookup(tf.Module):
       answer_grad = ops.renormalize_rows_grad(step.raw_rows, answer_grad,
                                               step.row_max_norm)
     return group.owned_gradients(self.comm, answer_grad, step.routed,
-                                 group.device(step.replica))
+                                 group.device(step.replica),
+                                 for_update=self.train_in_backward)
 
   def _rows_backward(self, steps, grads, trigger_value, variables):
     owned, previous = [], []
