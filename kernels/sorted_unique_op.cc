@@ -1,7 +1,9 @@
 // TfdeSortedUniqueInRange: the unique ids of a vector whose ids lie in
 // [0, num_ids), in increasing order, and each element's index into them.
 //
-// The backward of a one-owner step dedups its fused ids with it. Its ids
+// A static group's dedups use it where the bitmap is cheap
+// (`ops.unique_rows`): the backward of a one-owner step, the forward's
+// fused ids and each owner's requests at several replicas. Their ids
 // are row numbers of the group's fused row space, so a bitmap of that
 // space (num_ids / 8 bytes, a 1/2048 of a 64-wide float32 table) replaces
 // TfdeUniqueWithCounts's hash map: one pass sets the bits, a prefix count

@@ -1,8 +1,11 @@
-"""The one-replica forward skips the dedup; a gradient still gets it.
+"""Where the dedup runs and in which order: the one-replica forward skips
+it, a gradient still gets it; at several replicas the forward and the
+owners dedup rows in increasing order where that is cheap, and the owners
+apply what they receive as bags.
 
 Equivalence of the outputs, gradients and updates with the unsharded
-oracle is the business of test_sharded.py / test_layers.py; here only
-where the dedup runs is checked, on the traced graphs."""
+oracle is the business of test_sharded.py / test_layers.py; here the
+traced graphs, the dedup's order, and one step against numpy."""
 
 import numpy as np
 import pytest
@@ -94,12 +97,13 @@ def test_owners_dedup_in_row_order_and_apply_bags(op_backend):
   sent the same way (or by hashing, chosen at run time for requests of
   unknown count: both ops are in the graph) and applies the received
   gradients as bags (`TfdeBagGradientIndex`, on the kernels; the twins sum
-  them into a matrix). A row both replicas read is updated once, with the sum of
-  their gradients (lazy Adam, against numpy)."""
+  them into a matrix). A row both replicas read is updated once, with the
+  sum of their gradients (Adagrad, whose step follows the gradient's size,
+  against numpy)."""
   from tests import sharded_harness as h  # pylint: disable=g-import-not-at-top
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
   table = tfde.TableConfig(name="t", vocabulary_size=12, embedding_dim=3,
-                           optimizer=h.sparse_optimizer("adam"), combiner="sum")
+                           optimizer=h.sparse_optimizer("adagrad"), combiner="sum")
   with strategy.scope():
     lookup = h.sharded_lookup({"a": tfde.FeatureConfig(name="a", table=table)})
   before = lookup.table_values()["t"]
@@ -131,6 +135,30 @@ def test_owners_dedup_in_row_order_and_apply_bags(op_backend):
         grad[i] += s
   rows = np.flatnonzero(grad)
   expected = before.copy()
-  optimizer = h.numpy_optimizer("adam", expected.shape)
+  optimizer = h.numpy_optimizer("adagrad", expected.shape)
   optimizer.apply(expected, rows, grad[rows, None] * np.ones((1, 3)))
   np.testing.assert_allclose(lookup.table_values()["t"], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_unique_rows_in_row_order_only_where_the_bitmap_is_cheap(op_backend):
+  del op_backend
+  rows = tf.constant([9, 2, 9, 5, 2], tf.int64)
+
+  def run(row_space, static=True, device=None):
+    if static:
+      unique, inverse = tfde.ops.unique_rows(rows, row_space, device)
+    else:  # the count known only at run time: a tf.cond picks the branch
+      unique, inverse = tf.function(
+          lambda r: tfde.ops.unique_rows(r, row_space),
+          input_signature=[tf.TensorSpec([None], tf.int64)])(rows)
+    return unique.numpy().tolist(), inverse.numpy().tolist()
+
+  in_order = ([2, 5, 9], [2, 0, 2, 1, 0])
+  first_seen = ([9, 2, 5], [0, 1, 0, 2, 1])
+  for static in (True, False):
+    assert run(10, static) == in_order             # 5 requests >= 10 / 32
+    assert run(32 * 5, static) == in_order
+    assert run(32 * 5 + 1, static) == first_seen   # a wider row space: hashing
+  assert run(10, device="/device:GPU:0") == first_seen   # a GPU's updates read a matrix
+  with pytest.raises(tf.errors.InvalidArgumentError, match="out of range"):
+    tfde.ops.unique_rows(tf.constant([3, 12], tf.int64), 10)

@@ -552,3 +552,23 @@ def test_sum_rows_by_index_matches_numpy(op_backend, seed, index_dtype):
     want[index[i]] += rows[i]
   got = tfde.ops.sum_rows_by_index(tf.constant(rows), tf.constant(index), num)
   np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("name", [tfde.ops.REFERENCE, tfde.ops.KERNELS])
+def test_a_backend_block_holds_in_mirrored_replicas(name):
+  """MirroredStrategy runs each replica's function in a thread of its own;
+  the backend a block asks for holds there too (it was once kept per
+  thread, so a "reference" block's replicas ran the kernels)."""
+  if name == tfde.ops.KERNELS and not tfde.ops.kernels_available():
+    pytest.skip("op library unavailable")
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  seen = []
+
+  def replica_fn():
+    seen.append(tfde.ops.current_backend())
+    return tf.constant(0)
+
+  with tfde.ops.backend(name):
+    strategy.run(replica_fn)
+    tf.function(lambda: strategy.run(replica_fn))()
+  assert seen == [name] * 4

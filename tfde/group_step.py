@@ -76,10 +76,11 @@ def deduped(step):
   `routed.requested` is every id's row and `answer_index` the identity)."""
   if step.deduped:
     return step
-  # The requests are fused ids, rows of the group's one owner, deduped in
-  # row order where that is cheap (`routing.unique_requests`).
-  unique, inverse = routing.unique_requests(step.routed.requested,
-                                            step.group.layout.total_rows)
+  # The requests are fused ids, rows of the group's one owner: deduped in
+  # row order where that is cheap, so each table's update walks its rows
+  # in address order.
+  unique, inverse = ops.unique_rows(step.routed.requested, step.group.layout.total_rows,
+                                    step.group.device(step.replica))
   return dataclasses.replace(
       step, routed=routing.Routed(unique, None, inverse, None),
       num_rows=tf.size(unique), deduped=True)

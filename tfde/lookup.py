@@ -313,14 +313,16 @@ class ShardedLookup(tf.Module):
                                 None),
           batch=group_step.as_one_batch(features, combiners), num_rows=tf.size(fused_ids),
           fused=True, deduped=False)
-    if group.routes_ids:
+    if group.row_space is None:  # ids, not rows (dynamic tables: with their counts)
       unique, inverse, counts = ops.unique_with_counts(fused_ids)
-      counts = tf.cast(counts, tf.int64)
+      counts = tf.cast(counts, tf.int64) if group.routes_ids else None
     else:
-      # Fused ids are below the owners' row space times N: deduped in
-      # increasing order where that is cheap, so each owner reads its
-      # rows in address order.
-      unique, inverse = routing.unique_requests(fused_ids, group.row_space * group.num_shards)
+      # Fused ids lie below the owners' row space times N. Deduped in
+      # increasing order where the bitmap is cheap, each owner receives
+      # one increasing run of rows from each replica: its gather reads
+      # them in address order.
+      unique, inverse = ops.unique_rows(fused_ids, group.row_space * group.num_shards,
+                                        group.device(comm.replica_id()))
       counts = None
     routed = routing.route_to_owners(
         comm, unique, inverse, group.num_shards, counts=counts,

@@ -72,54 +72,35 @@ def answer_requesters(comm, rows, routed):
   return rows if routed.plan is None else comm.all_to_all(rows, routed.plan.reversed())
 
 
-def unique_requests(requested, row_space=None):
-  """(the distinct values of `requested`, each element's index into them).
-  `row_space`: where `requested` are row numbers in [0, row_space) (a
-  static group's fused local rows), they come out in increasing order, so
-  an update walks its rows in address order; else (ids) in order of first
-  appearance.
-
-  >>> import tensorflow as tf
-  >>> unique, inverse = unique_requests(tf.constant([7, 2, 7], tf.int64), row_space=8)
-  >>> unique.numpy().tolist(), inverse.numpy().tolist()
-  ([2, 7], [1, 0, 1])
-  """
-  if row_space is None:
-    return tuple(ops.unique_with_counts(requested)[:2])
-
-  # A bitmap of the row space dedups in increasing order. Its passes grow
-  # with the row space: past about 32 rows a request (a 40M-row group for
-  # the bench's 327,680 ids: 8.5 ms against 6.1) the hash dedup is cheaper,
-  # in first-appearance order.
-  def in_row_order():
-    return tuple(ops.sorted_unique_in_range(requested, row_space))
-
-  def by_hashing():
-    return tuple(ops.unique_with_counts(requested)[:2])
-
-  n = requested.shape.num_elements()
-  if n is not None:
-    return in_row_order() if 32 * n >= row_space else by_hashing()
-  return tf.cond(32 * tf.size(requested, out_type=tf.int64) >= row_space,
-                 in_row_order, by_hashing)
-
-
 def gradients_to_owners(comm, answer_grad, routed, device=None, row_space=None,
                         for_update=False):
   """The backward of stages 1 to 3: (the distinct rows or ids this replica
   serves, their gradients summed over every replica that asked).
 
-  `row_space`: as in `unique_requests`, for rows in address order.
+  `row_space`: where the requests are row numbers (a static group's local
+  rows), the size of their space: they are then deduped in row order where
+  that is cheap (`ops.unique_rows`), else by hashing.
   `for_update`: the gradients only feed a sparse update, so they come in
   the form it reads best where `device` says the rows live
   (`ops.gradients_for_update`: on a CPU, each row's received gradients
   summed as the update applies them, no [rows, dim] sum written); else a
-  matrix (`ops.sum_rows_by_index`)."""
+  matrix (`ops.sum_rows_by_index`).
+
+  Row order pays only with the bags: the update then walks the rows in
+  address order and reads the received gradients in place. Summing into
+  a matrix in row order writes it out of order, which was slower
+  (notes/session13/owner_order_ab.txt: 47.6 against 39.9 ms at two
+  replicas); bags in first-appearance order gained nothing beyond the noise
+  (session 13); both together did (notes/session16/replica_ab_owner_bags.txt).
+  """
   if routed.plan is None:
     return routed.requested, answer_grad
   owner_grad = comm.all_to_all(answer_grad, routed.plan)
   # Several replicas may have asked for the same row.
-  owned, owned_inverse = unique_requests(routed.requested, row_space)
+  if row_space is None:
+    owned, owned_inverse, _ = ops.unique_with_counts(routed.requested)
+  else:
+    owned, owned_inverse = ops.unique_rows(routed.requested, row_space, device)
   if for_update:
     # Each received gradient row is a sample of one id.
     one_each = tf.range(tf.size(owned_inverse, out_type=tf.int64) + 1)
