@@ -3,8 +3,9 @@
 //
 // A static group's dedups use it where the bitmap is cheap
 // (`ops.unique_rows`): the backward of a one-owner step, the forward's
-// fused ids and each owner's requests at several replicas. Their ids
-// are row numbers of the group's fused row space, so a bitmap of that
+// fused ids (whose space is the fused rows times the replicas) and each
+// owner's requests at several replicas. Their ids are row numbers, so a
+// bitmap of that
 // space (num_ids / 8 bytes, a 1/2048 of a 64-wide float32 table) replaces
 // TfdeUniqueWithCounts's hash map: one pass sets the bits, a prefix count
 // of the words ranks them, and every id's index is its rank. The unique ids

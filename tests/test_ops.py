@@ -572,3 +572,17 @@ def test_a_backend_block_holds_in_mirrored_replicas(name):
     strategy.run(replica_fn)
     tf.function(lambda: strategy.run(replica_fn))()
   assert seen == [name] * 4
+
+
+def test_backend_blocks_of_threads_may_close_in_any_order():
+  """Blocks opened in two threads and closed in the order they were
+  opened leave no backend behind (each removes its own, not the one it
+  saw when it opened)."""
+  default = tfde.ops.current_backend()
+  first, second = tfde.ops.backend(tfde.ops.REFERENCE), tfde.ops.backend(tfde.ops.REFERENCE)
+  first.__enter__()
+  second.__enter__()
+  first.__exit__(None, None, None)
+  assert tfde.ops.current_backend() == tfde.ops.REFERENCE   # second is still open
+  second.__exit__(None, None, None)
+  assert tfde.ops.current_backend() == default

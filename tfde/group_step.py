@@ -79,7 +79,7 @@ def deduped(step):
   # The requests are fused ids, rows of the group's one owner: deduped in
   # row order where that is cheap, so each table's update walks its rows
   # in address order.
-  unique, inverse = ops.unique_rows(step.routed.requested, step.group.layout.total_rows,
+  unique, inverse = ops.unique_rows(step.routed.requested, step.group.row_space,
                                     step.group.device(step.replica))
   return dataclasses.replace(
       step, routed=routing.Routed(unique, None, inverse, None),

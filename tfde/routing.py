@@ -97,10 +97,7 @@ def gradients_to_owners(comm, answer_grad, routed, device=None, row_space=None,
     return routed.requested, answer_grad
   owner_grad = comm.all_to_all(answer_grad, routed.plan)
   # Several replicas may have asked for the same row.
-  if row_space is None:
-    owned, owned_inverse, _ = ops.unique_with_counts(routed.requested)
-  else:
-    owned, owned_inverse = ops.unique_rows(routed.requested, row_space, device)
+  owned, owned_inverse = ops.unique_rows(routed.requested, row_space, device)
   if for_update:
     # Each received gradient row is a sample of one id.
     one_each = tf.range(tf.size(owned_inverse, out_type=tf.int64) + 1)

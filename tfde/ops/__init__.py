@@ -3,7 +3,7 @@ pure-TF twins.
 
 The kernels are used when the op library loads; otherwise the twins are,
 after one warning saying why. `TFDE_OPS=reference` forces the twins, and
-`backend("reference")` does so for a block of code (tests run both).
+`backend("reference")` does so while a block of code runs (tests run both).
 
 >>> import tensorflow as tf
 >>> import tfde.ops
@@ -21,6 +21,7 @@ after one warning saying why. `TFDE_OPS=reference` forces the twins, and
 
 import contextlib
 import os
+import threading
 import warnings
 
 import tensorflow as tf
@@ -36,13 +37,13 @@ KERNELS = "kernels"
 REFERENCE = "reference"
 _BACKENDS = (KERNELS, REFERENCE)
 
-class _State:
-  # Process-wide, not per thread: MirroredStrategy runs each replica's
-  # function in a thread of its own, which must see the block's backend.
-  backend = None
-
-
-_state = _State()
+# The `backend()` blocks open now, oldest first: (a token of the block, its
+# backend). Process-wide, not per thread: MirroredStrategy runs each
+# replica's function in a thread of its own, which must see the block's
+# backend. Each block removes its own entry when it closes, so blocks of
+# several threads may close in any order.
+_open_blocks = []
+_open_blocks_lock = threading.Lock()
 _warned = False
 
 
@@ -65,27 +66,37 @@ def _default_backend():
 
 def current_backend():
   """"kernels" or "reference": what the ops called now will run on."""
-  override = getattr(_state, "backend", None)
+  with _open_blocks_lock:
+    override = _open_blocks[-1][1] if _open_blocks else None
   return override or _default_backend()
 
 
 @contextlib.contextmanager
 def backend(name):
-  """Runs the ops of a block on `name` ("kernels" or "reference").
+  """Runs the ops of a block on `name` ("kernels" or "reference"), in every
+  thread while the block is open (the replicas of a MirroredStrategy run
+  in threads of their own); where blocks are open in several threads at
+  once, the one opened last decides.
 
   Asking for "kernels" when the library cannot load is an error, so a test
   of the kernels can never silently test the twins.
+
+  >>> with backend(REFERENCE):
+  ...   current_backend()
+  'reference'
   """
   if name not in _BACKENDS:
     raise ValueError(f"backend must be one of {_BACKENDS}, got {name!r}")
   if name == KERNELS and native.load() is None:
     raise RuntimeError(f"tfde op library unavailable: {native.load_error()}")
-  previous = getattr(_state, "backend", None)
-  _state.backend = name
+  entry = (object(), name)
+  with _open_blocks_lock:
+    _open_blocks.append(entry)
   try:
     yield
   finally:
-    _state.backend = previous
+    with _open_blocks_lock:
+      _open_blocks.remove(entry)
 
 
 def kernels_available():
@@ -270,16 +281,18 @@ def unique_rows(rows, num_rows, device=None):
   of the row space is cheap (at least num_rows / 32 rows, not on a GPU:
   `device` says where they are used), so that an update walks them in
   address order, and then any value outside the range is refused; else
-  by hashing, in first-appearance order. The count of `rows` may be known
-  only when run (a `tf.cond` then picks).
+  (or where `num_rows` is None: ids, not rows) by hashing, in
+  first-appearance order. The count of `rows` may be known only when run
+  (a `tf.cond` then picks).
 
   >>> unique, inverse = unique_rows(tf.constant([7, 2, 7], tf.int64), 8)
   >>> unique.numpy().tolist(), inverse.numpy().tolist()
   ([2, 7], [1, 0, 1])
   """
-  # The bitmap's passes grow with the row space: past about 32 rows a
-  # request (a 40M-row group for the bench's 327,680 ids: 8.5 ms against
-  # 6.1) the hash dedup is cheaper. On a GPU the range's dedup is a hash
+  # The bitmap's passes grow with the row space, the hash's with the rows:
+  # for the bench's 327,680 ids in a 40M-row group (122 rows an id) the
+  # bitmap took 8.5 ms, the hash 6.1 (session 12), so past about 32 rows an
+  # id the hash is taken. On a GPU the range's dedup is a hash
   # dedup and a sort (`sorted_unique_in_range`), and the updates there read
   # a matrix, whatever its order.
   def in_row_order():
@@ -288,7 +301,7 @@ def unique_rows(rows, num_rows, device=None):
   def by_hashing():
     return tuple(unique_with_counts(rows)[:2])
 
-  if types.on_gpu(device):
+  if num_rows is None or types.on_gpu(device):
     return by_hashing()
   n = rows.shape.num_elements()
   if n is not None:
