@@ -113,17 +113,12 @@ class TableGroup:
     them best (`routing.gradients_to_owners`). A replicated group applies
     the same update on every copy: the gradients of all replicas, summed
     per row in replica order."""
-    every_copy = self.replicated and comm.num_replicas > 1
-    # Bags, and only then rows in order (`routing.gradients_to_owners`):
-    # not for a replicated group's copies (gathered from every replica as a
-    # matrix), nor for clipping optimizers, which clip a matrix (bags would
-    # be summed into one with stock ops).
-    as_bags = (for_update and self.fuses_local and not every_copy and
-               not any(t.optimizer.clips for t in self.tables))
+    # A replicated group's copies own every row they read (no exchange), so
+    # they get their matrix back as it is, for the gather below.
     owned, summed = routing.gradients_to_owners(
-        comm, answer_grad, routed, device,
-        row_space=self.row_space if as_bags else None, for_update=as_bags)
-    if every_copy:
+        comm, answer_grad, routed, device, row_space=self.row_space,
+        for_update=for_update and self.fuses_local)
+    if self.replicated and comm.num_replicas > 1:
       every_row = comm.all_gather(owned)
       every_grad = comm.all_gather(summed)
       owned, owned_inverse, _ = ops.unique_with_counts(every_row)

@@ -78,8 +78,8 @@ def gradients_to_owners(comm, answer_grad, routed, device=None, row_space=None,
   serves, their gradients summed over every replica that asked).
 
   `row_space`: where the requests are row numbers (a static group's local
-  rows), the size of their space: they are then deduped in row order where
-  that is cheap (`ops.unique_rows`), else by hashing.
+  rows), the size of their space: with `for_update`, they are then deduped
+  in row order where that is cheap (`ops.unique_rows`), else by hashing.
   `for_update`: the gradients only feed a sparse update, so they come in
   the form it reads best where `device` says the rows live
   (`ops.gradients_for_update`: on a CPU, each row's received gradients
@@ -97,7 +97,8 @@ def gradients_to_owners(comm, answer_grad, routed, device=None, row_space=None,
     return routed.requested, answer_grad
   owner_grad = comm.all_to_all(answer_grad, routed.plan)
   # Several replicas may have asked for the same row.
-  owned, owned_inverse = ops.unique_rows(routed.requested, row_space, device)
+  owned, owned_inverse = ops.unique_rows(routed.requested, row_space if for_update else None,
+                                         device)
   if for_update:
     # Each received gradient row is a sample of one id.
     one_each = tf.range(tf.size(owned_inverse, out_type=tf.int64) + 1)

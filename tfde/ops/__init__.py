@@ -265,8 +265,10 @@ int32_range = types.int32_range
 
 
 def bag_gradients_dense(grads):
-  """The [rows, dim] gradient matrix that a `BagGradients` stands for."""
-  return grads.dense()
+  """The [rows, dim] gradient matrix that a `BagGradients` stands for,
+  summed per row by `sum_rows_by_index` (in parallel on a CPU's kernels,
+  where TensorFlow's segment sum adds one row at a time)."""
+  return grads.dense(sum_rows_by_index)
 
 
 def combine_coefficients(row_splits, weights, n, combiner):

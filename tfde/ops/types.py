@@ -101,8 +101,11 @@ class BagGradients:
         assert_that(none, "bags[", i, "] = ", value, " is out of range [0, ", batch, ")"),
     ]
 
-  def dense(self):
-    """The [rows, dim] gradient matrix these bags stand for (stock ops)."""
+  def dense(self, sum_rows_by_index=tf.math.unsorted_segment_sum):
+    """The [rows, dim] gradient matrix these bags stand for: each entry's
+    output-gradient row times its weight, summed per row by
+    `sum_rows_by_index(rows, index, num_rows)` (stock ops by default;
+    `tfde.ops.bag_gradients_dense` sums on the kernels)."""
     with tf.control_dependencies(self.checks()):
       # (row_splits_to_segment_ids takes about a second for 200,000 rows.)
       entries = tf.range(tf.size(self.bags, out_type=tf.int64))
@@ -110,7 +113,7 @@ class BagGradients:
                                      out_type=tf.int32)
       per_entry = (tf.gather(tf.cast(self.output_grad, tf.float32), self.bags)
                    * self.weights[:, None])
-      return tf.math.unsorted_segment_sum(per_entry, row_of_entry, self.num_rows)
+      return sum_rows_by_index(per_entry, row_of_entry, self.num_rows)
 
 
 @dataclasses.dataclass(frozen=True)
