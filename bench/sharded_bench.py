@@ -11,13 +11,19 @@ Horovod (`horovodrun -np 2 --gloo` in the Horovod environment, `make
 hvd-env`, with tfde as installed there; skipped, and said so, where that
 environment is missing); `--no-processes` leaves them out.
 
-Reports per N: training step time (median), bytes exchanged per step as
-counted by the communicator (ids out, rows back, gradients out, sent to
-another replica), the bytes the same step would exchange without dedup
-(every id occurrence routed on its own), and the balance of the shards:
-rows held and rows served per shard per step. Writes
-bench/results/sharded_bench.png (step time and bytes per N, rows served
-per shard). `--quick` shrinks the tables and batch.
+Each N > 1 and each runtime runs both exchanges of `ShardedLookup`:
+"auto" (the default: each owner sums its rows of every sample, and the
+replicas add the owners' partial sums) and "rows" (each replica's unique
+ids out, their rows back, their gradients out).
+
+Reports per N and exchange: training step time (median) and its ratio to
+the one-replica step, bytes exchanged per step as counted by the
+communicator (what is sent to another replica), for "rows" the bytes the
+same step would exchange without dedup (every id occurrence routed on its
+own: the dedup's saving), and the balance of the shards: rows held and
+rows served per shard per step. Writes bench/results/sharded_bench.png
+(step time and bytes per N, rows served per shard). `--quick` shrinks the
+tables and batch.
 """
 
 import json
@@ -61,13 +67,13 @@ def time_steps(strategy, lookup, inputs, reps):
   return timed(lambda: step(inputs), reps, warmup=0), sent
 
 
-def run(num_replicas, work, ids, reps):
+def run(num_replicas, work, ids, reps, exchange):
   tables, batch = work.tables, work.batch
   per = batch // num_replicas
   strategy = tf.distribute.MirroredStrategy(
       [f"/cpu:{i}" for i in range(num_replicas)])
   with strategy.scope():
-    lookup = tfde.lookup.ShardedLookup(work.feature_configs())
+    lookup = tfde.lookup.ShardedLookup(work.feature_configs(), exchange=exchange)
 
   def replica_slice(ctx):
     r = ctx.replica_id_in_sync_group
@@ -79,7 +85,7 @@ def run(num_replicas, work, ids, reps):
 
   no_dedup, served = no_dedup_bytes(work, ids, num_replicas)
   rows_held = [int(s.shape[0]) for s in lookup.tables["t0"].local_variables()]
-  return dict(n=num_replicas, ms=ms,
+  return dict(n=num_replicas, exchange=exchange, ms=ms,
               bytes=bytes_per_step, no_dedup=no_dedup, served=served.tolist(),
               rows_held=rows_held)
 
@@ -111,7 +117,7 @@ def worker_main(args, work, ids):
     hvd.init()
     strategy, rank, n = tf.distribute.get_strategy(), hvd.rank(), hvd.size()
   with strategy.scope():
-    lookup = tfde.lookup.ShardedLookup(work.feature_configs())
+    lookup = tfde.lookup.ShardedLookup(work.feature_configs(), exchange=args.exchange)
   per = work.batch // n
   inputs = {f"f{t}": tf.constant(ids[t][rank * per:(rank + 1) * per])
             for t in range(work.tables)}
@@ -147,15 +153,16 @@ def wait_all(procs, timeout=1800):
   return codes
 
 
-def run_processes(mode, args, work, ids):
-  """2 worker processes under `mode` ("mwms" or "horovod"): dict(n, ms:
+def run_processes(mode, args, work, ids, exchange):
+  """2 worker processes under `mode` ("mwms" or "horovod") exchanging as
+  `exchange` says: dict(n, ms:
   worker 0's median step, bytes: both workers' sent bytes a step), or a
   string saying why it did not run."""
   here = os.path.dirname(os.path.abspath(__file__))
   out = tempfile.mkdtemp()
   try:
-    argv_tail = ["--worker", mode, "--worker-out", out, "--reps", str(args.reps)] + (
-        ["--quick"] if args.quick else [])
+    argv_tail = ["--worker", mode, "--worker-out", out, "--reps", str(args.reps),
+                 "--exchange", exchange] + (["--quick"] if args.quick else [])
     if mode == "mwms":
       sockets = [socket.socket() for _ in range(2)]
       for sock in sockets:
@@ -209,12 +216,22 @@ def plot(results, path):
     print("matplotlib missing: no plot")
     return
   fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-  ns = [r["n"] for r in results]
-  axes[0].plot(ns, [r["ms"] for r in results], "o-")
+  one = [r for r in results if r["n"] == 1]
+  ns = sorted({r["n"] for r in results})
+  for exchange, style in (("auto", "o-"), ("rows", "s-")):
+    runs = one + [r for r in results if r["n"] > 1 and r["exchange"] == exchange]
+    label = "partial sums (auto)" if exchange == "auto" else "rows of unique ids"
+    axes[0].plot([r["n"] for r in runs], [r["ms"] for r in runs], style, label=label)
+    axes[1].plot([r["n"] for r in runs], [r["bytes"] / 1e6 for r in runs], style,
+                 label=label)
+  axes[0].plot(ns, [one[0]["ms"] * 1.25] * len(ns), ":", color="gray",
+               label="1.25x one replica")
   axes[0].set(title="training step (lazy Adam)", xlabel="replicas", ylabel="ms",
-              xticks=ns)
-  axes[1].plot(ns, [r["bytes"] / 1e6 for r in results], "o-", label="tfde (dedup)")
-  axes[1].plot(ns, [r["no_dedup"] / 1e6 for r in results], "s--", label="no dedup")
+              xticks=ns, ylim=(0, None))
+  axes[0].legend()
+  rows = one + [r for r in results if r["n"] > 1 and r["exchange"] == "rows"]
+  axes[1].plot([r["n"] for r in rows], [r["no_dedup"] / 1e6 for r in rows], "^--",
+               label="rows, no dedup")
   axes[1].set(title="bytes exchanged per step", xlabel="replicas", ylabel="MB",
               xticks=ns)
   axes[1].legend()
@@ -234,7 +251,9 @@ def main():
                               help="leave out the 2-worker-process runs")),
       ("--worker", dict(default=None, choices=["mwms", "horovod"],
                         help="(internal) one worker process of that runtime")),
-      ("--worker-out", dict(default=None, help="(internal) where a worker writes"))])
+      ("--worker-out", dict(default=None, help="(internal) where a worker writes")),
+      ("--exchange", dict(default="auto", choices=["auto", "rows"],
+                          help="(internal) a worker's exchange"))])
   ids = work.ids(seed=0)
   if args.worker:
     worker_main(args, work, ids)
@@ -243,26 +262,33 @@ def main():
         f"TF {tf.__version__}, {os.cpu_count()} cores, replicas are logical "
         f"CPU devices of one process; median of {args.reps}")
   results = []
-  for n in (1, 2, 4):
-    r = run(n, work, ids, args.reps)
+  for n, exchange in ((1, "auto"), (2, "auto"), (2, "rows"), (4, "auto"), (4, "rows")):
+    r = run(n, work, ids, args.reps, exchange)
     results.append(r)
+    one = results[0]["ms"]
     balance = max(r["served"]) / (sum(r["served"]) / n)
-    print(f"N={n}: step {r['ms']:7.1f} ms | exchanged {r['bytes'] / 1e6:6.2f} MB/step "
-          f"(no dedup {r['no_dedup'] / 1e6:6.2f} MB, "
-          f"{r['no_dedup'] / max(r['bytes'], 1):5.1f}x more) | rows held per shard "
+    saving = "" if exchange == "auto" or n == 1 else (
+        f" (no dedup {r['no_dedup'] / 1e6:6.2f} MB, "
+        f"{r['no_dedup'] / max(r['bytes'], 1):5.1f}x more)")
+    print(f"N={n}{'' if n == 1 else ', exchange ' + repr(exchange)}: step "
+          f"{r['ms']:7.1f} ms ({r['ms'] / one:.2f}x one replica) | exchanged "
+          f"{r['bytes'] / 1e6:6.2f} MB/step{saving} | rows held per shard "
           f"{r['rows_held']} | rows served per shard {[int(x) for x in r['served']]} "
           f"(max/mean {balance:.2f})")
   if not args.no_processes:
     one = results[0]["ms"]
     no_dedup, _ = no_dedup_bytes(work, ids, 2)
     for mode, label in (("mwms", "MultiWorkerMirroredStrategy"), ("horovod", "Horovod (Gloo)")):
-      r = run_processes(mode, args, work, ids)
-      if isinstance(r, str):
-        print(f"2 processes, {label}: skipped: {r}")
-        continue
-      print(f"2 processes, {label}: step {r['ms']:7.1f} ms ({r['ms'] / one:.2f}x the "
-            f"one-replica step) | exchanged {r['bytes'] / 1e6:6.2f} MB/step (no dedup "
-            f"{no_dedup / 1e6:6.2f} MB, {no_dedup / max(r['bytes'], 1):5.1f}x more)")
+      for exchange in ("auto", "rows"):
+        r = run_processes(mode, args, work, ids, exchange)
+        if isinstance(r, str):
+          print(f"2 processes, {label}, exchange {exchange!r}: skipped: {r}")
+          continue
+        saving = "" if exchange == "auto" else (
+            f" (no dedup {no_dedup / 1e6:6.2f} MB, {no_dedup / max(r['bytes'], 1):5.1f}x more)")
+        print(f"2 processes, {label}, exchange {exchange!r}: step {r['ms']:7.1f} ms "
+              f"({r['ms'] / one:.2f}x the one-replica step) | exchanged "
+              f"{r['bytes'] / 1e6:6.2f} MB/step{saving}")
   plot(results, os.path.join(RESULTS, "sharded_bench.png"))
 
 

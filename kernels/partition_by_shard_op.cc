@@ -84,23 +84,16 @@ class PartitionByShardOp : public OpKernel {
   bool dynamic_;
 };
 
-template <typename Id>
-Status functor::PartitionByShard<CPUDevice, Id>::operator()(
-    OpKernelContext* ctx, const Tensor& ids_t, int32_t num_shards, bool dynamic,
-    Tensor* local_t, Tensor* counts_t, Tensor* positions_t) const {
-  const int64_t n = ids_t.NumElements();
-  const Id* ids = ids_t.flat<Id>().data();
-  Id* local = local_t->flat<Id>().data();
-  int32_t* counts = counts_t->flat<int32_t>().data();
-  int32_t* positions = positions_t->flat<int32_t>().data();
-  const Id n_shards = static_cast<Id>(num_shards);
-  auto shard_of = [n_shards](Id id) -> int64_t {
-    Id r = id % n_shards;
-    return r < 0 ? r + n_shards : r;  // floor modulo for dynamic keys
-  };
+namespace {
 
-  // Stable counting sort in blocks: per-block histograms, exclusive
-  // offsets in (shard, block) order, then a scatter per block.
+// The stable counting sort of PartitionByShard's CPU functor, for one way
+// of computing an id's shard and local id.
+template <typename Id, typename ShardOf, typename LocalOf>
+Status PartitionInBlocks(OpKernelContext* ctx, const Id* ids, int64_t n,
+                         int32_t num_shards, ShardOf shard_of, LocalOf local_of,
+                         Id* local, int32_t* counts, int32_t* positions) {
+  // Per-block histograms, exclusive offsets in (shard, block) order, then
+  // a scatter per block.
   const int64_t num_blocks =
       std::max<int64_t>(1, std::min<int64_t>(4 * NumWorkerThreads(ctx),
                                              n / 4096));
@@ -137,12 +130,53 @@ Status functor::PartitionByShard<CPUDevice, Id>::operator()(
                   for (int64_t i = blocks.Begin(b); i < blocks.Begin(b + 1); ++i) {
                     const Id id = ids[i];
                     const int64_t dest = off[shard_of(id)]++;
-                    local[dest] = dynamic ? id : id / n_shards;
+                    local[dest] = local_of(id);
                     positions[i] = static_cast<int32_t>(dest);
                   }
                 }
               });
   return absl::OkStatus();
+}
+
+}  // namespace
+
+template <typename Id>
+Status functor::PartitionByShard<CPUDevice, Id>::operator()(
+    OpKernelContext* ctx, const Tensor& ids_t, int32_t num_shards, bool dynamic,
+    Tensor* local_t, Tensor* counts_t, Tensor* positions_t) const {
+  const int64_t n = ids_t.NumElements();
+  const Id* ids = ids_t.flat<Id>().data();
+  Id* local = local_t->flat<Id>().data();
+  int32_t* counts = counts_t->flat<int32_t>().data();
+  int32_t* positions = positions_t->flat<int32_t>().data();
+  auto keep = [](Id id) { return id; };
+  if ((num_shards & (num_shards - 1)) == 0) {
+    // A power of two, as replica counts mostly are: a mask and a shift for
+    // the two divisions per id, which were most of the partition of every
+    // id of a batch (the pooled exchange's). In two's complement the mask
+    // is the floor modulo of negative keys too; static ids are not
+    // negative (checked), so the shift is their quotient.
+    const Id mask = static_cast<Id>(num_shards - 1);
+    const int shift = __builtin_ctz(static_cast<uint32_t>(num_shards));
+    auto shard_of = [mask](Id id) -> int64_t { return id & mask; };
+    if (dynamic)
+      return PartitionInBlocks(ctx, ids, n, num_shards, shard_of, keep, local, counts,
+                               positions);
+    return PartitionInBlocks(ctx, ids, n, num_shards, shard_of,
+                             [shift](Id id) { return static_cast<Id>(id >> shift); },
+                             local, counts, positions);
+  }
+  const Id n_shards = static_cast<Id>(num_shards);
+  auto shard_of = [n_shards](Id id) -> int64_t {
+    Id r = id % n_shards;
+    return r < 0 ? r + n_shards : r;  // floor modulo for dynamic keys
+  };
+  if (dynamic)
+    return PartitionInBlocks(ctx, ids, n, num_shards, shard_of, keep, local, counts,
+                             positions);
+  return PartitionInBlocks(ctx, ids, n, num_shards, shard_of,
+                           [n_shards](Id id) { return static_cast<Id>(id / n_shards); },
+                           local, counts, positions);
 }
 
 // num_shards is read on the host.

@@ -34,7 +34,7 @@ def main():
   plan = None if args.layouts is None else tfde.planner.ShardingPlan(
       num_replicas=num_replicas, tables=h.layouts(args.layouts, num_replicas))
   with strategy.scope():
-    lookup = h.sharded_lookup(configs, plan=plan)
+    lookup = h.sharded_lookup(configs, plan=plan, exchange=args.exchange)
   assert lookup.comm.num_replicas == num_replicas, lookup.comm
   refused = w.refused_restore(args, lookup)
   # Row-wise: this worker's shards; under a plan: whole tables (gathering

@@ -97,21 +97,27 @@ def test_each_feature_is_checked_by_one_op_and_bad_ids_name_it():
     raise AssertionError("an id past the vocabulary was looked up")
 
 
-def test_owners_dedup_in_row_order_and_apply_bags(op_backend):
-  """At two replicas the forward dedups each replica's ids in row order
-  (a bitmap, `TfdeSortedUniqueInRange`), and each owner dedups what it is
-  sent the same way (or by hashing, chosen at run time for requests of
-  unknown count: both ops are in the graph) and applies the received
-  gradients as bags (`TfdeBagGradientIndex`, on the kernels; the twins sum
-  them into a matrix). A row both replicas read is updated once, with the
-  sum of their gradients (Adagrad, whose step follows the gradient's size,
-  against numpy)."""
+@pytest.mark.parametrize("exchange", ["rows", "auto"])
+def test_owners_dedup_in_row_order_and_apply_bags(op_backend, exchange):
+  """At two replicas exchanging rows, the forward dedups each replica's ids
+  in row order (a bitmap, `TfdeSortedUniqueInRange`), and each owner
+  dedups what it is sent the same way (or by hashing, chosen at run time
+  for requests of unknown count: both ops are in the graph) and applies
+  the received gradients as bags (`TfdeBagGradientIndex`, on the kernels;
+  the twins sum them into a matrix). Exchanging partial sums (the default),
+  no replica gathers rows: each owner combines its rows of both replicas'
+  samples from its shard and, once per row, dedups them and applies the
+  bags of the global batch's output gradient. Either way a row both
+  replicas read is updated once, with the sum of their gradients (Adagrad,
+  whose step follows the gradient's size, against numpy), and the replicas'
+  batches differ in size."""
   from tests import sharded_harness as h  # pylint: disable=g-import-not-at-top
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
   table = tfde.TableConfig(name="t", vocabulary_size=12, embedding_dim=3,
                            optimizer=h.sparse_optimizer("adagrad"), combiner="sum")
   with strategy.scope():
-    lookup = h.sharded_lookup({"a": tfde.FeatureConfig(name="a", table=table)})
+    lookup = h.sharded_lookup({"a": tfde.FeatureConfig(name="a", table=table)},
+                              exchange=exchange)
   before = lookup.table_values()["t"]
   # Rows 1, 4 and 7 are read by both replicas, row 4 twice by replica 1.
   ids = [np.array([[1, 4], [7, 2]]), np.array([[4, 4], [1, 7], [9, 1]])]
@@ -131,9 +137,15 @@ def test_owners_dedup_in_row_order_and_apply_bags(op_backend):
 
   step = tf.function(lambda: strategy.run(replica_step))
   types = _op_type_list(step.get_concrete_function())
-  if op_backend == tfde.ops.KERNELS:
+  if op_backend == tfde.ops.KERNELS and exchange == "rows":
     # Per replica, one in the forward and one at the owner.
     assert types.count("TfdeSortedUniqueInRange") >= 4, sorted(set(types))
+    assert "TfdeBagGradientIndex" in types, sorted(set(types))
+  elif op_backend == tfde.ops.KERNELS:
+    # Per replica, one at the owner, before its update; no rows gathered.
+    assert types.count("TfdeSortedUniqueInRange") == 2, sorted(set(types))
+    assert types.count("TfdeCombineFromTables") == 2, sorted(set(types))
+    assert "TfdeGatherFromTables" not in types, sorted(set(types))
     assert "TfdeBagGradientIndex" in types, sorted(set(types))
   step()
 

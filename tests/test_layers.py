@@ -29,6 +29,11 @@ def test_configs_round_trip_and_share_tables():
   clone = tfde.layers.DistributedEmbedding.from_config(layer.get_config())
   assert list(clone.tables) == ["t"]  # the shared table stays shared
   assert clone.get_config() == layer.get_config()
+  rows = tfde.layers.DistributedEmbedding({"x": feature}, exchange="rows")
+  assert tfde.layers.DistributedEmbedding.from_config(
+      rows.get_config()).exchange == "rows"
+  with pytest.raises(ValueError, match="exchange must be 'auto' or 'rows', got 'pooled'"):
+    tfde.layers.DistributedEmbedding({"x": feature}, exchange="pooled")
 
 
 def test_keras_defaults():

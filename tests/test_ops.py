@@ -158,14 +158,16 @@ def test_partition_large_ids(op_backend):
   np.testing.assert_array_equal(counts.numpy(), want_counts)
 
 
-def test_partition_dynamic_keeps_ids_and_floor_mods_negatives(op_backend):
-  ids = np.array([-1, 5, -6, 4, 2**62 + 1], np.int64)
+# A power of two takes the kernel's mask and shift, 3 its divisions.
+@pytest.mark.parametrize("n_shards", [3, 4])
+def test_partition_dynamic_keeps_ids_and_floor_mods_negatives(op_backend, n_shards):
+  ids = np.array([-1, 5, -6, 4, 2**62 + 1, -2**63, -7], np.int64)
   local, counts, positions = tfde.ops.partition_by_shard(
-      tf.constant(ids), 4, dynamic=True)
-  shard = np.mod(ids, 4)  # numpy's % is a floor modulo
+      tf.constant(ids), n_shards, dynamic=True)
+  shard = np.mod(ids, n_shards)  # numpy's % is a floor modulo
   order = np.argsort(shard, kind="stable")
   np.testing.assert_array_equal(local.numpy(), ids[order])
-  np.testing.assert_array_equal(counts.numpy(), np.bincount(shard, minlength=4))
+  np.testing.assert_array_equal(counts.numpy(), np.bincount(shard, minlength=n_shards))
   np.testing.assert_array_equal(local.numpy()[positions.numpy()], ids)
 
 

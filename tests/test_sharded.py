@@ -39,12 +39,13 @@ def make_step(strategy, lookup, weighted, use_function=True):
 
 
 def sharded_run(strategy, configs, batches, weighted, use_function=True,
-                train_in_backward=True):
+                train_in_backward=True, exchange="auto"):
   """Trains on `batches`; returns initial tables, first outputs, final
   tables, the per-step gradients (explicit mode) and the lookup."""
   n = strategy.num_replicas_in_sync
   with strategy.scope():
-    lookup = h.sharded_lookup(configs, train_in_backward=train_in_backward)
+    lookup = h.sharded_lookup(configs, train_in_backward=train_in_backward,
+                              exchange=exchange)
   initial = {name: t.full_table() for name, t in lookup.tables.items()}
   step = make_step(strategy, lookup, weighted, use_function)
   first_outputs, all_grads = None, []
@@ -96,16 +97,22 @@ def test_shards_hold_mod_n_rows(strategy):
     assert shard.device.endswith(f"CPU:{replica}")
 
 
+# Both exchanges of row-wise groups: each owner's partial sums of every
+# sample (the default), and the rows of each replica's unique ids.
+EXCHANGES = pytest.mark.parametrize("exchange", ["auto", "rows"])
+
+
+@EXCHANGES
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "ftrl", "rowwise_adagrad"])
-def test_training_equals_unsharded_reference(strategy, kind, weighted):
+def test_training_equals_unsharded_reference(strategy, kind, weighted, exchange):
   variant = h.variant_of(kind)
   configs = h.feature_configs(kind, variant)
   n = strategy.num_replicas_in_sync
   batches = [h.make_batch(s, weighted, seed=variant, num_replicas=n)
              for s in range(STEPS)]
   initial, outputs, final, _, lookup = sharded_run(strategy, configs, batches,
-                                                   weighted)
+                                                   weighted, exchange=exchange)
   want_outputs, want_tables = h.reference_run(configs, initial, batches)
   for f in h.FEATURES:
     np.testing.assert_allclose(outputs[f], want_outputs[f], rtol=RTOL, atol=ATOL,
@@ -119,14 +126,16 @@ def test_training_equals_unsharded_reference(strategy, kind, weighted):
       assert int(step.numpy()) == STEPS
 
 
-def test_explicit_gradients_equal_reference(strategy):
+@EXCHANGES
+def test_explicit_gradients_equal_reference(strategy, exchange):
   """train_in_backward=False: IndexedSlices on the local shards, equal to
   the reference gradient of the global loss; the tables do not move."""
   configs = h.feature_configs("sgd", variant=1)
   n = strategy.num_replicas_in_sync
   batches = [h.make_batch(0, weighted=True, seed=5, num_replicas=n)]
   initial, _, final, grads, lookup = sharded_run(
-      strategy, configs, batches, weighted=True, train_in_backward=False)
+      strategy, configs, batches, weighted=True, train_in_backward=False,
+      exchange=exchange)
   for name in initial:
     np.testing.assert_array_equal(final[name], initial[name])
   # Reference gradient: one SGD step with learning rate 1 is -gradient.
@@ -198,11 +207,12 @@ def test_table_of_a_group_without_ids_this_step(backend):
   np.testing.assert_array_equal(lookup.tables["tb"].shard(0).numpy(), before["b"])
 
 
-def test_bytes_are_counted(strategy):
+@EXCHANGES
+def test_bytes_are_counted(strategy, exchange):
   n = strategy.num_replicas_in_sync
   configs = h.feature_configs("sgd")
   with strategy.scope():
-    lookup = h.sharded_lookup(configs)
+    lookup = h.sharded_lookup(configs, exchange=exchange)
   lookup.comm.reset_bytes_sent()
   batch = h.make_batch(0, weighted=False, num_replicas=n)
   per = [h.replica_inputs(batch, r, n) for r in range(n)]
@@ -210,18 +220,30 @@ def test_bytes_are_counted(strategy):
   step(distribute(strategy, [p[0] for p in per]), None,
        distribute(strategy, [p[2] for p in per]))
   sent = lookup.comm.bytes_sent()
-  # Each replica sends every distinct (table, id) of its slice owned by
-  # another replica once: its id out (8 bytes), the row back and the
-  # gradient out (4 * width bytes each).
   want = 0
   per_sample = h.GLOBAL_BATCH // n
   for replica in range(n):
     rows = slice(replica * per_sample, (replica + 1) * per_sample)
-    distinct = {(table, i) for f, (table, _) in h.FEATURES.items()
-                for sample in batch[f]["ids"][rows] for i in sample}
-    for table, i in distinct:
-      if i % n != replica:
-        want += 8 + 2 * 4 * h.TABLES[table][1]
+    if exchange == "rows":
+      # Each replica sends every distinct (table, id) of its slice owned
+      # by another replica once: its id out (8 bytes), the row back and
+      # the gradient out (4 * width bytes each).
+      distinct = {(table, i) for f, (table, _) in h.FEATURES.items()
+                  for sample in batch[f]["ids"][rows] for i in sample}
+      for table, i in distinct:
+        if i % n != replica:
+          want += 8 + 2 * 4 * h.TABLES[table][1]
+      continue
+    # Pooled: every id of its slice owned by another replica, as often as
+    # it occurs, with its sample (8 bytes) and its coefficient (4: both
+    # groups mix or divide, sum with mean, and sqrtn); then, per feature,
+    # the owner's partial sums of each other replica's samples back, and
+    # this replica's output gradient to each other owner (4 * width bytes
+    # a sample each).
+    for f, (table, _) in h.FEATURES.items():
+      for sample in batch[f]["ids"][rows]:
+        want += sum(12 for i in sample if i % n != replica)
+      want += 2 * (n - 1) * per_sample * 4 * h.TABLES[table][1]
   assert sent == want
   assert (sent > 0) == (n > 1)
 

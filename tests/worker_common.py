@@ -33,6 +33,8 @@ def parser(description):
   p.add_argument("--bad-checkpoint", help="before training, restore this checkpoint "
                  "(one of its tables has another shape): it must fail and change "
                  "no table")
+  p.add_argument("--exchange", default="auto", choices=["auto", "rows"],
+                 help="the lookup's exchange of row-wise tables")
   p.add_argument("--layouts", choices=["table_wise", "column_wise", "table_row_wise",
                                       "mixed"],
                  help="lay the tables out by this plan of the harness's "

@@ -50,8 +50,12 @@ class GroupStep:
     preserved: (an engine group's step) what the engine keeps from the
       forward for its update.
     deduped: `routed` holds unique requests. False only for a fused step
-      at one owner, whose forward needs no dedup; the backward dedups it
-      (`deduped`) before it reads `routed`.
+      whose forward needs no dedup (at one owner, or pooled); the backward
+      dedups it (`deduped`) before it reads `routed`.
+    pooled: (the pooled exchange) the `tfde.routing.RoutedBags` of this
+      owner: `routed` and `batch` are then its rows of every sample of the
+      global batch, and the outputs this replica's samples summed over the
+      owners.
   """
   group: object
   features: list
@@ -68,6 +72,7 @@ class GroupStep:
   deduped: bool = True
   # (engine groups) what the engine keeps from the forward for its update.
   preserved: object = None
+  pooled: object = None
 
 
 def deduped(step):

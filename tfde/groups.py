@@ -46,10 +46,16 @@ class TableGroup:
     row_space: where the requests routed to an owner are row numbers (a
       static group's fused local rows), the size of that row space (every
       owner's rows lie below it), else None (ids).
+    pools_partials: at several owners, each owner may sum its rows of every
+      sample into partial outputs, which the replicas add
+      (`tfde.routing.route_bags_to_owners`), instead of sending rows back:
+      every replica holds rows of every member table, and the outputs
+      are combined from the tables (`fuses_local`).
   """
 
   fuses_local = False
   row_space = None
+  pools_partials = False
 
   def __init__(self, tables, num_replicas):
     self.tables = tables
@@ -145,6 +151,13 @@ class StaticGroup(TableGroup):
     self.reduced_precision = any(t.config.dtype != "float32" for t in tables)
     self.fuses_local = not self.reduced_precision
     self.row_space = self.layout.total_rows
+    # Row-wise tables only: a table-wise table's owner alone holds its rows,
+    # and every other replica would send zeros. The sample travels in the
+    # id's high bits (N * 2^bits of rows below 2^31 leaves 2^32 samples).
+    self.pools_partials = (
+        self.fuses_local and self.num_shards > 1 and
+        all(o is None for o in self.layout.owners) and
+        self.num_shards << max(int(self.row_space - 1).bit_length(), 1) < 2**31)
 
   def fused_ids(self, features):
     return tf.concat([self.layout.fused_ids(self.index[f.table.name], f.ids)

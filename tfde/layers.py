@@ -138,6 +138,9 @@ class DistributedEmbedding(keras.layers.Layer):
       tables (row-wise, table-wise, column-wise, replicated); None keeps
       `placement`. Saved with the layer's config; it fixes the replica
       count (checkpoints and weights still restore under any plan).
+    exchange: what row-wise tables send between replicas: "auto" (each
+      owner's partial sums of every sample, where that serves) or "rows"
+      (each replica's unique ids' rows); see `tfde.lookup.ShardedLookup`.
     **kwargs: Keras layer arguments (name, dtype, ...).
 
   Build the layer under the strategy's scope (as Keras models are): its
@@ -147,7 +150,8 @@ class DistributedEmbedding(keras.layers.Layer):
 
   holds_tfde_tables = True  # see tfde.compat.keras_multiworker
 
-  def __init__(self, feature_configs, table_stacking="auto", plan=None, **kwargs):
+  def __init__(self, feature_configs, table_stacking="auto", plan=None, exchange="auto",
+               **kwargs):
     super().__init__(**kwargs)
     if not tf.nest.flatten(feature_configs):
       raise ValueError("feature_configs is empty")
@@ -164,8 +168,9 @@ class DistributedEmbedding(keras.layers.Layer):
         name="sparse_update_trigger")
     self._lookup = lookup_lib.ShardedLookup(
         {f.name: f for f in flat}, table_stacking=table_stacking, plan=self.plan,
-        update_trigger=self.sparse_update_trigger.value,
+        update_trigger=self.sparse_update_trigger.value, exchange=exchange,
         name=f"{self.name}_lookup")
+    self.exchange = exchange
     self._serving_tables = None
     if isinstance(tf.distribute.get_strategy(),
                   tf.distribute.MultiWorkerMirroredStrategy):
@@ -395,6 +400,8 @@ class DistributedEmbedding(keras.layers.Layer):
     })
     if self.plan is not None:
       config["plan"] = self.plan.get_config()
+    if self.exchange != "auto":
+      config["exchange"] = self.exchange
     return config
 
   @classmethod

@@ -112,6 +112,16 @@ class ShardedLookup(tf.Module):
       table its sharding kind (row-wise, table-wise, column-wise,
       replicated) and owners; tables it does not name, and every table when
       None, follow `placement` and `auto_replicate_bytes` as before.
+    exchange: what row-wise groups send between replicas. "auto" (the
+      default): each owner sums its rows of every sample into partial
+      outputs, which the replicas add (TorchRec's row-wise sharding;
+      `tfde.routing.route_bags_to_owners`), where a group's features are
+      pooled, none renormalises rows (max_norm) and no weight is trained;
+      one [samples, width] partial per owner and replica then travels
+      each way, in place of one row per unique id. "rows": the rows of
+      each replica's unique ids travel (fewer bytes at many replicas with
+      few ids per sample); table-wise, replicated, dynamic and
+      reduced-precision groups always exchange so.
 
   `trainable_variables` is a single zero scalar whose gradient is what runs
   the backward pass: pass it to `tape.gradient` (Keras does so through the
@@ -120,8 +130,14 @@ class ShardedLookup(tf.Module):
 
   def __init__(self, feature_configs, tables=None, train_in_backward=True,
                table_stacking="auto", auto_replicate_bytes=None,
-               update_trigger=None, plan=None, name="sharded_lookup"):
+               update_trigger=None, plan=None, exchange="auto", name="sharded_lookup"):
     super().__init__(name=name)
+    if exchange not in ("auto", "rows"):
+      raise ValueError(f"exchange must be 'auto' or 'rows', got {exchange!r}")
+    self.exchange = exchange
+    # Groups of this call whose features' weights are trained: their
+    # weights' gradients read each id's row on the replica that asked.
+    self._trains_weights = set()
     self.plan = planner_lib.as_plan(plan)
     # tfde, tf.tpu.experimental.embedding or keras-rs configs, any nesting.
     feature_configs = tpu_lib.as_feature_configs(feature_configs)
@@ -260,6 +276,7 @@ class ShardedLookup(tf.Module):
       trained = [i for i, f in enumerate(features)
                  if f.weights is not None and wants_gradient(f.weights)]
       prepared.append((group, features, group.fused_ids(features), combiners, trained))
+    self._trains_weights = {id(p[0]) for p in prepared if p[4]}
 
     @tf.custom_gradient
     def lookup(trigger_value, *weight_values):
@@ -299,6 +316,20 @@ class ShardedLookup(tf.Module):
     """Stage 1: dedup, group the unique ids by owner, and send each owner
     what it must serve (local rows, or ids with their sighting counts)."""
     comm = self.comm
+    if self._pools_partials(group, features):
+      bags = routing.route_bags_to_owners(
+          comm, fused_ids, group_step.as_one_batch(features, combiners), group.num_shards,
+          group.row_space, stamp=group.step(comm.replica_id()))
+      # Each owner's step is then the fused step of one owner over the
+      # global batch's bags of its rows; its backward dedups them.
+      return group_step.GroupStep(
+          group=group, features=features, combiners=combiners,
+          replica=comm.replica_id(),
+          routed=routing.Routed(bags.requested, None,
+                                ops.int32_range(tf.size(bags.requested, out_type=tf.int64)),
+                                None),
+          batch=(bags.row_splits, bags.weights, "sum"), num_rows=tf.size(bags.requested),
+          fused=True, deduped=False, pooled=bags)
     if (group.num_shards == 1 and group.fuses_local and
         not group_step.renormalizes(features)):
       # One owner and a fused combine: the forward reads each id's row
@@ -342,6 +373,13 @@ class ShardedLookup(tf.Module):
         fused=(routed.plan is None and group.fuses_local and
                not group_step.renormalizes(features)))
 
+  def _pools_partials(self, group, features):
+    """Whether `group`'s features take the pooled exchange (`exchange`)."""
+    return (self.exchange == "auto" and group.pools_partials and
+            not group_step.renormalizes(features) and
+            id(group) not in self._trains_weights and
+            all(self.feature_configs[f.name].output == "pooled" for f in features))
+
   def _compute_and_output_dist(self, step, training):
     """Stages 2 and 3: the owners read their rows, send them back, and each
     feature's samples combine them."""
@@ -353,7 +391,15 @@ class ShardedLookup(tf.Module):
       for variable in group.gradient_variables(step.replica):
         tape_lib.variable_accessed(variable)
     if step.fused:
-      if not step.deduped and ops.types.on_cpu(group.device(step.replica)):
+      if step.pooled is not None:
+        # This owner's part of every sample of the global batch, then this
+        # replica's samples summed over the owners.
+        partials = group.combine_local(step.replica, routed.requested, routed.answer_index,
+                                       step.batch)
+        out = routing.sum_partials(self.comm, partials, step.pooled)
+        outputs = [out] if len(features) == 1 else tf.split(
+            out, [tf.size(f.row_splits) - 1 for f in features])
+      elif not step.deduped and ops.types.on_cpu(group.device(step.replica)):
         # One shard, every id's row read where it lies: on a CPU each
         # feature from its own table (the fused ids and batch are the
         # backward's). A GPU's op waits on the device for its checks, so
@@ -429,6 +475,10 @@ class ShardedLookup(tf.Module):
     through the replicas' exchange (`TableGroup.backward_gradients`)."""
     group = step.group
     output_grad = grads[0] if len(grads) == 1 else tf.concat(grads, 0)
+    if step.pooled is not None:
+      # The gradient of an owner's partial sums is the global batch's
+      # output gradient: from there its step is one owner's.
+      output_grad = routing.output_gradients_to_owners(self.comm, output_grad, step.pooled)
     splits, weights, combiner = step.batch
     every_copy = group.replicated and self.comm.num_replicas > 1
     if step.fused and self.train_in_backward and not every_copy:

@@ -14,6 +14,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfde import comm as comm_lib
 from tfde import ops
 
 
@@ -105,3 +106,98 @@ def gradients_to_owners(comm, answer_grad, routed, device=None, row_space=None,
     return owned, ops.gradients_for_update(owner_grad, owned_inverse, one_each, None,
                                            tf.size(owned), "sum", device=device)
   return owned, ops.sum_rows_by_index(owner_grad, owned_inverse, tf.size(owned), device)
+
+
+@dataclasses.dataclass
+class RoutedBags:
+  """Stage 1 of the pooled exchange, for one replica (`route_bags_to_owners`).
+
+  Attributes:
+    requested: the local rows of every id this replica owns, from every
+      replica's batch, grouped by sample of the global batch (not deduped).
+    row_splits: [global samples + 1]: `requested[row_splits[b]:
+      row_splits[b + 1]]` are sample b's rows here. Replica r's samples
+      follow replica r - 1's.
+    weights: each requested row's coefficient in its sample's sum (its
+      weight over the combiner's divisor), or None where every one is 1.
+    partials: the exchange of the partial sums, `[global samples, width]`
+      on each owner, back to the replicas whose samples they are.
+  """
+  requested: tf.Tensor
+  row_splits: tf.Tensor
+  weights: object
+  partials: object
+
+
+def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=None):
+  """Stage 1 of the pooled exchange: every id of this replica's `batch`
+  (row splits, weights, combiner over `fused_ids`) to its owner (`id mod
+  N`) with its sample and coefficient, so that each owner sums its rows of
+  every sample of the global batch (a `RoutedBags`), and the replicas add
+  the owners' partial sums (`sum_partials`): TorchRec's row-wise sharding.
+
+  At a few owners this moves far fewer bytes than the rows of the unique
+  ids: one [samples, width] partial per owner against one row per unique
+  id, and the owners' gradients are the output gradients themselves, so no
+  replica gathers rows or sums gradient rows per id.
+
+  >>> import tensorflow as tf
+  >>> from tfde import comm
+  >>> bags = route_bags_to_owners(comm.current(), tf.constant([3, 1, 3], tf.int64),
+  ...                             (tf.constant([0, 2, 3], tf.int64), None, "mean"),
+  ...                             num_shards=1, row_space=4)
+  >>> bags.requested.numpy().tolist(), bags.row_splits.numpy().tolist()
+  ([3, 1, 3], [0, 2, 3])
+  >>> bags.weights.numpy().tolist()
+  [0.5, 0.5, 1.0]
+  """
+  splits, weights, combiner = batch
+  samples = tf.size(splits, out_type=tf.int32) - 1
+  every_samples = comm.gather_flags(samples[None])[:, 0]
+  me = comm.replica_id()
+  offset = tf.cast(tf.reduce_sum(every_samples[:me]), tf.int64)
+  # The sample travels inside the id: with rows below 2^bits, (sample *
+  # N * 2^bits + id) has the id's owner (mod N), and its quotient by N is
+  # (sample * 2^bits + local row), so one partition and one exchange carry
+  # both, and the owner splits them with a mask and a shift.
+  # (`pools_partials` keeps N * rows below 2^31: samples, an int32, fit.)
+  bits = max(int(row_space - 1).bit_length(), 1)
+  sample_of_id = tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)
+  keyed = (sample_of_id + offset) * (num_shards << bits) + fused_ids
+  local_keyed, send_counts, positions = ops.partition_by_shard(keyed, num_shards)
+  plan = comm.plan(send_counts, stamp=stamp)
+  received = comm.all_to_all(local_keyed, plan)
+  requested = tf.bitwise.bitwise_and(received, (1 << bits) - 1)
+  sample = tf.cast(tf.bitwise.right_shift(received, bits), tf.int32)
+  total = tf.reduce_sum(every_samples)
+  # Received in increasing sample (each replica's ids keep their order in
+  # a stable partition, and replica r's samples follow r - 1's), so the
+  # counts per sample are the row splits.
+  row_splits = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(tf.math.bincount(
+      sample, minlength=total, maxlength=total, dtype=tf.int64))], 0)
+  coefficients = None
+  if weights is not None or combiner != "sum":
+    coefficients = ops.combine_coefficients(splits, weights, tf.size(fused_ids), combiner)[1]
+    grouped = tf.scatter_nd(positions[:, None], coefficients, tf.shape(coefficients))
+    coefficients = comm.all_to_all(grouped, plan)
+  # Each owner sends every replica its samples' rows of the partial sums:
+  # counts every replica knows, so no exchange of counts.
+  partials = comm_lib.ExchangePlan(every_samples, tf.fill(tf.shape(every_samples), samples),
+                                   tf.reduce_max(every_samples))
+  return RoutedBags(requested, row_splits, coefficients, partials)
+
+
+def sum_partials(comm, partials, routed_bags):
+  """Stage 3 of the pooled exchange: each owner's `partials` ([global
+  samples, width]) to the replicas whose samples they are; this replica's
+  [samples, width] outputs, the sum of every owner's part."""
+  received = comm.all_to_all(partials, routed_bags.partials)
+  return tf.add_n(tf.split(received, comm.num_replicas))
+
+
+def output_gradients_to_owners(comm, output_grad, routed_bags):
+  """The backward of `sum_partials`: this replica's output gradient
+  ([samples, width]) to every owner, which gets the global batch's
+  ([global samples, width]), the gradient of its partial sums."""
+  tiled = tf.tile(output_grad, [comm.num_replicas, 1])
+  return comm.all_to_all(tiled, routed_bags.partials.reversed())
