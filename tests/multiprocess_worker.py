@@ -50,6 +50,7 @@ def main():
     return outputs
 
   step = w.distributed_step(strategy, replica_step)
+  bounds = h.replica_bounds(num_replicas, uneven=args.uneven)
   beside = None
   if args.beside_row_wise:
     with strategy.scope():
@@ -67,11 +68,11 @@ def main():
       for table in lookup.tables.values():
         table.steps[rank].assign_add(1)
     outputs = w.run_step(step, strategy, args.mode,
-                         lambda r, batch=batch: h.replica_inputs(batch, r, num_replicas),
+                         lambda r, batch=batch: h.replica_inputs(batch, r, num_replicas, bounds),
                          rank, num_replicas)
     if beside is not None:
       w.run_step(beside_step, strategy, args.mode,
-                 lambda r, batch=batch: h.replica_inputs(batch, r, num_replicas),
+                 lambda r, batch=batch: h.replica_inputs(batch, r, num_replicas, bounds),
                  rank, num_replicas)
     if first is None:
       first = {f: outputs[f].numpy() for f in h.FEATURES}

@@ -143,10 +143,22 @@ def make_batch(step, weighted, seed=0, empty_replica=None, num_replicas=1):
   return batch
 
 
-def replica_inputs(batch, replica, num_replicas):
-  """tf inputs, weights and targets of one replica's slice."""
-  per = GLOBAL_BATCH // num_replicas
-  lo, hi = replica * per, (replica + 1) * per
+def replica_bounds(num_replicas, uneven=False):
+  """Where each replica's slice of the global batch starts, and the end:
+  equal slices, or (`uneven`) slices growing as 1 : 2 : ... : N, as a last
+  partial batch can leave them."""
+  if not uneven:
+    return [r * (GLOBAL_BATCH // num_replicas) for r in range(num_replicas + 1)]
+  total = num_replicas * (num_replicas + 1) // 2
+  return [round(GLOBAL_BATCH * (r * (r + 1) // 2) / total)
+          for r in range(num_replicas + 1)]
+
+
+def replica_inputs(batch, replica, num_replicas, bounds=None):
+  """tf inputs, weights and targets of one replica's slice (`bounds`: the
+  slices', `replica_bounds`; equal slices when None)."""
+  bounds = bounds or replica_bounds(num_replicas)
+  lo, hi = bounds[replica], bounds[replica + 1]
   inputs, weights, targets = {}, {}, {}
   for name, (_, kind) in FEATURES.items():
     ids = batch[name]["ids"][lo:hi]

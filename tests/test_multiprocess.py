@@ -225,8 +225,10 @@ def test_multi_worker_mirrored_two_processes(tmp_path, optimizer):
   extra = ["--delta-dir", str(tmp_path / "deltas"), "--delta-full-every", "5",
            "--checkpoint", str(tmp_path / "end")] if deltas else [
                "--bad-checkpoint", _checkpoint_with_another_table_b(tmp_path)]
-  # The ftrl run exchanges the rows of unique ids, the others partial sums.
+  # The ftrl run exchanges the rows of unique ids, the others partial sums;
+  # in the adam run the workers' batches differ in size.
   extra += ["--exchange", "rows" if optimizer == "ftrl" else "auto"]
+  extra += ["--uneven"] if optimizer == "adam" else []
   commands, envs = _mwms_commands(tmp_path, optimizer, batches_path, extra)
   procs, outputs = _run_group(commands, envs, cwd=REPO)
   for p, out in zip(procs, outputs):
@@ -283,11 +285,13 @@ def _horovodrun(tmp_path, module_args, ranks=NUM_WORKERS):
 @pytest.mark.parametrize("optimizer", ["adagrad", "sgd", "rowwise_adagrad"])
 def test_horovod_two_ranks(tmp_path, optimizer):
   batches_path, batches = _write_batches(str(tmp_path), optimizer)
-  # The sgd run exchanges the rows of unique ids, the others partial sums.
+  # The sgd run exchanges the rows of unique ids, the others partial sums;
+  # in the adagrad run the ranks' batches differ in size.
   _horovodrun(tmp_path, ["tests.multiprocess_worker", "--mode", "horovod",
                          "--optimizer", optimizer, "--batches", batches_path,
                          "--out", str(tmp_path),
-                         "--exchange", "rows" if optimizer == "sgd" else "auto"])
+                         "--exchange", "rows" if optimizer == "sgd" else "auto"] +
+              (["--uneven"] if optimizer == "adagrad" else []))
   versions = {str(np.load(os.path.join(tmp_path, f"worker_{r}.npz"))["tf_version"])
               for r in range(NUM_WORKERS)}
   assert versions == {"2.18.1"}, versions

@@ -77,15 +77,18 @@ def _oracle_weights_grads(configs, tables, batch):
   return {f: g.numpy() for f, g in tape.gradient(loss, values).items()}
 
 
+@pytest.mark.parametrize("exchange", ["auto", "rows"])
 @pytest.mark.parametrize("num_replicas,variant", [(1, 0), (2, 1), (4, 2)])
-def test_weights_gradients_equal_embedding_lookup_sparse(num_replicas, variant):
+def test_weights_gradients_equal_embedding_lookup_sparse(num_replicas, variant, exchange):
   """Dense, ragged and sparse weights, sharded over N, training the tables
-  meanwhile. `variant` rotates the combiners over the tables, so each
-  table meets every combiner over the three runs."""
+  meanwhile, through either exchange (the owners' partial sums then send
+  each id's row back for the weights). `variant` rotates the combiners
+  over the tables, so each table meets every combiner over the three
+  runs."""
   strategy = mirrored(num_replicas)
   configs = h.feature_configs("sgd", variant=variant)
   with strategy.scope():
-    lookup = h.sharded_lookup(configs)
+    lookup = h.sharded_lookup(configs, exchange=exchange)
   initial = {n: t.full_table() for n, t in lookup.tables.items()}
   batch = h.make_batch(0, weighted=True, seed=variant, num_replicas=num_replicas)
   per = [h.replica_inputs(batch, r, num_replicas) for r in range(num_replicas)]

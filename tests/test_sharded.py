@@ -1,6 +1,8 @@
 """Sharded tables under MirroredStrategy (N logical CPUs, N in {1, 2, 4})
 against the unsharded numpy reference of tests/sharded_harness.py."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -39,9 +41,10 @@ def make_step(strategy, lookup, weighted, use_function=True):
 
 
 def sharded_run(strategy, configs, batches, weighted, use_function=True,
-                train_in_backward=True, exchange="auto"):
-  """Trains on `batches`; returns initial tables, first outputs, final
-  tables, the per-step gradients (explicit mode) and the lookup."""
+                train_in_backward=True, exchange="auto", bounds=None):
+  """Trains on `batches` (each replica's slice within `bounds`, equal
+  slices when None); returns initial tables, first outputs, final tables,
+  the per-step gradients (explicit mode) and the lookup."""
   n = strategy.num_replicas_in_sync
   with strategy.scope():
     lookup = h.sharded_lookup(configs, train_in_backward=train_in_backward,
@@ -50,7 +53,7 @@ def sharded_run(strategy, configs, batches, weighted, use_function=True,
   step = make_step(strategy, lookup, weighted, use_function)
   first_outputs, all_grads = None, []
   for batch in batches:
-    per = [h.replica_inputs(batch, r, n) for r in range(n)]
+    per = [h.replica_inputs(batch, r, n, bounds) for r in range(n)]
     inputs = distribute(strategy, [p[0] for p in per])
     weights = distribute(strategy, [p[1] for p in per]) if weighted else None
     targets = distribute(strategy, [p[2] for p in per])
@@ -124,6 +127,48 @@ def test_training_equals_unsharded_reference(strategy, kind, weighted, exchange)
     # One optimizer step per training step, however many features share it.
     for step in lookup.tables[name].steps.values():
       assert int(step.numpy()) == STEPS
+
+
+def test_exchanges_say_which_tables_pool(strategy):
+  """Row-wise tables of pooled features exchange partial sums; a group with
+  a max-norm table (rows renormalised where they are combined) exchanges
+  rows, for every table of its width; one replica exchanges nothing."""
+  n = strategy.num_replicas_in_sync
+  configs = h.feature_configs("sgd")
+  with strategy.scope():
+    auto = h.sharded_lookup(configs).exchanges()
+    rows = h.sharded_lookup(configs, exchange="rows").exchanges()
+    a = dataclasses.replace(configs["a_dense"].table, max_norm=1.0)
+    renormalised = h.sharded_lookup({
+        f: dataclasses.replace(c, table=a) if c.table.name == "A" else c
+        for f, c in configs.items()}).exchanges()
+  if n == 1:
+    assert auto == rows == renormalised == {"A": "none", "B": "none", "C": "none"}
+    return
+  assert auto == {"A": "partial sums", "B": "partial sums", "C": "partial sums"}
+  assert rows == {"A": "rows", "B": "rows", "C": "rows"}
+  assert renormalised == {"A": "rows", "B": "rows", "C": "partial sums"}
+
+
+@EXCHANGES
+def test_replicas_with_batches_of_other_sizes_equal_reference(strategy, exchange):
+  """Slices of 1 : 2 (: 3 : 4) of the global batch, every combiner, mixed
+  in one group, with weights: each replica's samples keep their place in
+  the owners' partial sums, forward and backward."""
+  n = strategy.num_replicas_in_sync
+  configs = h.feature_configs("adagrad", variant=1)
+  bounds = h.replica_bounds(n, uneven=True)
+  assert n == 1 or len({b - a for a, b in zip(bounds, bounds[1:])}) == n
+  batches = [h.make_batch(s, weighted=True, seed=9, num_replicas=n) for s in range(3)]
+  initial, outputs, final, _, _ = sharded_run(strategy, configs, batches, weighted=True,
+                                              exchange=exchange, bounds=bounds)
+  want_outputs, want_tables = h.reference_run(configs, initial, batches)
+  for f in h.FEATURES:
+    np.testing.assert_allclose(outputs[f], want_outputs[f], rtol=RTOL, atol=ATOL,
+                               err_msg=f"feature {f}")
+  for name in want_tables:
+    np.testing.assert_allclose(final[name], want_tables[name], rtol=RTOL, atol=ATOL,
+                               err_msg=f"table {name}")
 
 
 @EXCHANGES

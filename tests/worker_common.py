@@ -35,6 +35,9 @@ def parser(description):
                  "no table")
   p.add_argument("--exchange", default="auto", choices=["auto", "rows"],
                  help="the lookup's exchange of row-wise tables")
+  p.add_argument("--uneven", action="store_true",
+                 help="replicas take slices of 1 : 2 : ... of the global batch "
+                 "(sharded_harness.replica_bounds), not equal ones")
   p.add_argument("--layouts", choices=["table_wise", "column_wise", "table_row_wise",
                                       "mixed"],
                  help="lay the tables out by this plan of the harness's "

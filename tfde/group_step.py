@@ -40,7 +40,8 @@ class GroupStep:
     batch: the features as one ragged batch (`as_one_batch`).
     num_rows: rows the outputs read, one per unique id (one per id where
       the forward skipped the dedup).
-    fused: the stages around the local compute were fused (one shard).
+    fused: the stages around the local compute were fused (one shard, or
+      the pooled exchange's owner).
     rows: (unfused) the rows answered, one per unique id, as combined
       (after max-norm renormalisation).
     raw_rows: (unfused, max-norm tables) those rows as stored.
@@ -77,13 +78,14 @@ class GroupStep:
 
 def deduped(step):
   """`step` with its requests unique (the backward's form), where the
-  forward skipped the dedup (`deduped=False`: one owner, fused, so
-  `routed.requested` is every id's row and `answer_index` the identity)."""
+  forward skipped the dedup (`deduped=False`: one owner, or the pooled
+  exchange's owner, fused, so `routed.requested` is every id's row and
+  `answer_index` the identity)."""
   if step.deduped:
     return step
-  # The requests are fused ids, rows of the group's one owner: deduped in
-  # row order where that is cheap, so each table's update walks its rows
-  # in address order.
+  # The requests are rows of this owner (fused ids at one owner, fused
+  # local rows at the pooled exchange's): deduped in row order where that
+  # is cheap, so each table's update walks its rows in address order.
   unique, inverse = ops.unique_rows(step.routed.requested, step.group.row_space,
                                     step.group.device(step.replica))
   return dataclasses.replace(

@@ -139,8 +139,9 @@ class DistributedEmbedding(keras.layers.Layer):
       `placement`. Saved with the layer's config; it fixes the replica
       count (checkpoints and weights still restore under any plan).
     exchange: what row-wise tables send between replicas: "auto" (each
-      owner's partial sums of every sample, where that serves) or "rows"
-      (each replica's unique ids' rows); see `tfde.lookup.ShardedLookup`.
+      owner's partial sums of every sample, for row-wise tables whose
+      features are pooled and renormalise no rows) or "rows" (each
+      replica's unique ids' rows); see `tfde.lookup.ShardedLookup`.
     **kwargs: Keras layer arguments (name, dtype, ...).
 
   Build the layer under the strategy's scope (as Keras models are): its
@@ -391,6 +392,11 @@ class DistributedEmbedding(keras.layers.Layer):
       for name, table in self._lookup.tables.items():
         table.load_state(states[name], source="saved")
     return write
+
+  def exchanges(self):
+    """Table name -> what its rows' exchange between the replicas is
+    (`tfde.lookup.ShardedLookup.exchanges`)."""
+    return self._lookup.exchanges()
 
   def get_config(self):
     config = super().get_config()

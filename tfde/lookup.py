@@ -29,6 +29,14 @@ applied to the touched rows only, once per step however many features
 share the table. With `train_in_backward=False` the backward instead
 returns `tf.IndexedSlices` gradients for the local shards (SOK style) and
 applies nothing.
+
+Row-wise groups of pooled features exchange partial sums instead, by
+default (`exchange="auto"`, TorchRec's row-wise sharding): every id, not
+deduped, goes to its owner with its sample; each owner combines its rows
+of every sample of the global batch straight from its shard; each replica
+adds the owners' partial sums of its samples. Backward, each replica's
+output gradient goes to every owner, which applies it as one owner does
+(`tfde.routing.route_bags_to_owners`).
 """
 
 
@@ -116,12 +124,15 @@ class ShardedLookup(tf.Module):
       default): each owner sums its rows of every sample into partial
       outputs, which the replicas add (TorchRec's row-wise sharding;
       `tfde.routing.route_bags_to_owners`), where a group's features are
-      pooled, none renormalises rows (max_norm) and no weight is trained;
-      one [samples, width] partial per owner and replica then travels
-      each way, in place of one row per unique id. "rows": the rows of
-      each replica's unique ids travel (fewer bytes at many replicas with
-      few ids per sample); table-wise, replicated, dynamic and
-      reduced-precision groups always exchange so.
+      all pooled and none renormalises rows (max_norm); one [samples,
+      width] partial per owner and replica then travels each way, in place
+      of one row per unique id (trained weights add each id's row back in
+      the backward). "rows": the rows of each replica's unique ids travel
+      (fewer bytes at many replicas with few ids per sample); table-wise,
+      replicated, dynamic and reduced-precision groups always exchange so,
+      and so do groups too large for the sample to ride in the ids' high
+      bits (N * 2^ceil(log2(rows per shard)) at 2^31 or more).
+      `exchanges()` says what each table takes.
 
   `trainable_variables` is a single zero scalar whose gradient is what runs
   the backward pass: pass it to `tape.gradient` (Keras does so through the
@@ -135,9 +146,6 @@ class ShardedLookup(tf.Module):
     if exchange not in ("auto", "rows"):
       raise ValueError(f"exchange must be 'auto' or 'rows', got {exchange!r}")
     self.exchange = exchange
-    # Groups of this call whose features' weights are trained: their
-    # weights' gradients read each id's row on the replica that asked.
-    self._trains_weights = set()
     self.plan = planner_lib.as_plan(plan)
     # tfde, tf.tpu.experimental.embedding or keras-rs configs, any nesting.
     feature_configs = tpu_lib.as_feature_configs(feature_configs)
@@ -276,7 +284,6 @@ class ShardedLookup(tf.Module):
       trained = [i for i, f in enumerate(features)
                  if f.weights is not None and wants_gradient(f.weights)]
       prepared.append((group, features, group.fused_ids(features), combiners, trained))
-    self._trains_weights = {id(p[0]) for p in prepared if p[4]}
 
     @tf.custom_gradient
     def lookup(trigger_value, *weight_values):
@@ -314,9 +321,10 @@ class ShardedLookup(tf.Module):
 
   def _input_dist(self, group, features, combiners, fused_ids):
     """Stage 1: dedup, group the unique ids by owner, and send each owner
-    what it must serve (local rows, or ids with their sighting counts)."""
+    what it must serve (local rows, or ids with their sighting counts); or
+    (the pooled exchange) every id with its sample and coefficient."""
     comm = self.comm
-    if self._pools_partials(group, features):
+    if self._pools_partials(group, [f.name for f in features]):
       bags = routing.route_bags_to_owners(
           comm, fused_ids, group_step.as_one_batch(features, combiners), group.num_shards,
           group.row_space, stamp=group.step(comm.replica_id()))
@@ -373,16 +381,48 @@ class ShardedLookup(tf.Module):
         fused=(routed.plan is None and group.fuses_local and
                not group_step.renormalizes(features)))
 
-  def _pools_partials(self, group, features):
-    """Whether `group`'s features take the pooled exchange (`exchange`)."""
+  def _pools_partials(self, group, feature_names):
+    """Whether `group`, looked up for the features `feature_names`, takes
+    the pooled exchange (`exchange`). From the configuration only: every
+    graph of a step (training, evaluation) must make the same collectives
+    in the same order, which workers name by their call order."""
+    configs = [self.feature_configs[name] for name in feature_names]
     return (self.exchange == "auto" and group.pools_partials and
-            not group_step.renormalizes(features) and
-            id(group) not in self._trains_weights and
-            all(self.feature_configs[f.name].output == "pooled" for f in features))
+            all(c.output == "pooled" and c.table.max_norm is None for c in configs))
+
+  def exchanges(self):
+    """Table name -> what its rows' exchange between the replicas is:
+    "partial sums" (each owner's sums of every sample), "rows" (each
+    replica's unique ids' rows), or "none" (one replica, replicated
+    tables, or an engine's).
+
+    >>> import tfde
+    >>> t = tfde.TableConfig(name="t", vocabulary_size=8, embedding_dim=4)
+    >>> ShardedLookup({"f": tfde.FeatureConfig(name="f", table=t)}).exchanges()
+    {'t': 'none'}
+    """
+    whole = {part.name: name for name, table in self.tables.items()
+             for part in getattr(table, "slices", [table])}
+    kinds = {}
+    for group in self._groups:
+      names = [f.name for f in self.feature_configs.values()
+               if any(part in group.index for part, table in whole.items()
+                      if table == f.table.name)]
+      if isinstance(group, groups_lib.EngineGroup) or group.num_shards == 1:
+        kind = "none"
+      else:
+        kind = "partial sums" if self._pools_partials(group, names) else "rows"
+      for table in group.tables:
+        # A column-wise table's slices may exchange in several groups.
+        previous = kinds.setdefault(whole[table.name], kind)
+        if previous != kind:
+          kinds[whole[table.name]] = "rows" if "rows" in (previous, kind) else previous
+    return kinds
 
   def _compute_and_output_dist(self, step, training):
     """Stages 2 and 3: the owners read their rows, send them back, and each
-    feature's samples combine them."""
+    feature's samples combine them; or (fused) the outputs combine from the
+    tables, at the owners as partial sums where the exchange pools."""
     group, routed, features = step.group, step.routed, step.features
     if not self.train_in_backward:
       # The kernels read the variables through their handles, which a tape
@@ -438,18 +478,27 @@ class ShardedLookup(tf.Module):
     if not trained_weights:
       return []
     routed = step.routed
-    rows = step.rows
-    if rows is None:  # fused: the forward wrote no rows
-      rows = step.group.lookup_local(step.replica, routed.requested, routed.counts,
-                                     False)
     sizes = [tf.size(f.ids) for f in step.features]
-    indices = (tf.split(routed.answer_index, sizes) if len(sizes) > 1
-               else [routed.answer_index])
+    if step.pooled is not None:
+      # The owners summed the rows; each id's own row comes from its owner
+      # now, in id order (this exchange only where weights are trained).
+      per_id = routing.rows_to_requesters(
+          self.comm, step.group.lookup_local(step.replica, step.pooled.requested, None,
+                                             False), step.pooled)
+      rows_of = tf.split(per_id, sizes) if len(sizes) > 1 else [per_id]
+    else:
+      rows = step.rows
+      if rows is None:  # fused: the forward wrote no rows
+        rows = step.group.lookup_local(step.replica, routed.requested, routed.counts,
+                                       False)
+      indices = (tf.split(routed.answer_index, sizes) if len(sizes) > 1
+                 else [routed.answer_index])
+      rows_of = {i: tf.gather(rows, indices[i]) for i in trained_weights}
     out = []
     for i in trained_weights:
       f = step.features[i]
       out.append(ops.combine_weights_grad(
-          grads[i], tf.gather(rows, indices[i]), f.row_splits, f.weights,
+          grads[i], rows_of[i], f.row_splits, f.weights,
           step.outputs[i], step.combiners[i]))
     return out
 

@@ -1,5 +1,7 @@
-"""Stages 1 and 3 of a lookup: unique ids to their owners (`id % N`) and
-the rows they serve back, with the backward of both.
+"""Stages 1 and 3 of a lookup, with the backward of both: unique ids to
+their owners (`id % N`) and the rows they serve back; or, for row-wise
+groups by default, every id with its sample to its owner and each owner's
+partial sums of the samples back (`route_bags_to_owners`).
 
 >>> import tensorflow as tf
 >>> from tfde import comm, routing
@@ -122,11 +124,17 @@ class RoutedBags:
       weight over the combiner's divisor), or None where every one is 1.
     partials: the exchange of the partial sums, `[global samples, width]`
       on each owner, back to the replicas whose samples they are.
+    plan: the exchange of the ids (`requested` arrived by it).
+    positions: where each of this replica's ids went in what it sent, so
+      that rows answered per request come back in id order
+      (`rows_to_requesters`).
   """
   requested: tf.Tensor
   row_splits: tf.Tensor
   weights: object
   partials: object
+  plan: object
+  positions: tf.Tensor
 
 
 def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=None):
@@ -137,9 +145,13 @@ def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=No
   the owners' partial sums (`sum_partials`): TorchRec's row-wise sharding.
 
   At a few owners this moves far fewer bytes than the rows of the unique
-  ids: one [samples, width] partial per owner against one row per unique
-  id, and the owners' gradients are the output gradients themselves, so no
-  replica gathers rows or sums gradient rows per id.
+  ids: one [samples, width] partial per owner and replica each way against
+  one row per unique id (at many owners with few ids per sample, the
+  rows are fewer). No rows are gathered or copied between replicas, and
+  the owners read their rows' gradients from the output gradients in
+  place, as one owner does.
+
+  `fused_ids` are int64 (`tfde.groups.TableGroup.fused_ids`).
 
   >>> import tensorflow as tf
   >>> from tfde import comm
@@ -184,7 +196,7 @@ def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=No
   # counts every replica knows, so no exchange of counts.
   partials = comm_lib.ExchangePlan(every_samples, tf.fill(tf.shape(every_samples), samples),
                                    tf.reduce_max(every_samples))
-  return RoutedBags(requested, row_splits, coefficients, partials)
+  return RoutedBags(requested, row_splits, coefficients, partials, plan, positions)
 
 
 def sum_partials(comm, partials, routed_bags):
@@ -193,6 +205,14 @@ def sum_partials(comm, partials, routed_bags):
   [samples, width] outputs, the sum of every owner's part."""
   received = comm.all_to_all(partials, routed_bags.partials)
   return tf.add_n(tf.split(received, comm.num_replicas))
+
+
+def rows_to_requesters(comm, rows, routed_bags):
+  """One row per id of this replica's batch, in id order, from `rows`
+  (each owner's rows of `routed_bags.requested`): for what needs each
+  id's own row at the replica that asked (the weights' gradients)."""
+  answered = comm.all_to_all(rows, routed_bags.plan.reversed())
+  return tf.gather(answered, routed_bags.positions)
 
 
 def output_gradients_to_owners(comm, output_grad, routed_bags):

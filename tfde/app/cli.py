@@ -171,7 +171,8 @@ def run_job(config, data_path=None, report_dir=None, verbose=1, config_file=None
     epochs["train"].append(model.evaluate(train_probe, verbose=0, return_dict=True))
     epochs["eval"].append(model.evaluate(eval_ds, verbose=0, return_dict=True))
     board.steps(history, first_step,
-                exchange_statistics(order, tables, batch, strategy.num_replicas_in_sync))
+                exchange_statistics(order, tables, batch, strategy.num_replicas_in_sync,
+                                    model.embedding.exchanges()))
     board.epoch(history.steps, epochs["train"][-1], epochs["eval"][-1])
     if verbose:
       print(f"epoch {epoch + 1}: " + ", ".join(

@@ -8,7 +8,7 @@ import os
 from tfde.app import plotting
 
 
-def exchange_statistics(dataset, tables, batch_size, replicas):
+def exchange_statistics(dataset, tables, batch_size, replicas, exchanges=None):
   """Per table, per step of one epoch over `dataset`: the rows the step
   touches and the bytes its exchanges move, from the batches' ids.
 
@@ -18,8 +18,14 @@ def exchange_statistics(dataset, tables, batch_size, replicas):
   owner (8 bytes an id), gets their rows back and sends their gradients
   there (4 bytes a float each way). A replicated table exchanges nothing
   forward and all-gathers each replica's gradient rows (ids and rows) to
-  the other replicas. Returns {table: {"rows_touched": [...],
-  "bytes_exchanged": [...]}}.
+  the other replicas. A row-wise table that exchanges partial sums
+  (`exchanges`: table -> kind, `DistributedEmbedding.exchanges()`; "rows"
+  when not given) sends every id owned elsewhere, not deduped (8 bytes,
+  and 4 for its coefficient where the table's combiner is not "sum"; a
+  group that mixes combiners sends them for every table), and each owner
+  sends every other replica its samples' partial sums, which send their
+  gradients back (4 bytes a float each way). Returns {table:
+  {"rows_touched": [...], "bytes_exchanged": [...]}}.
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
   stats = {}
@@ -40,6 +46,11 @@ def exchange_statistics(dataset, tables, batch_size, replicas):
         moved.append(0)
       elif pieces == "replicated":
         moved.append(int(sum(u.size for u in unique) * (replicas - 1) * (8 + 4 * dim)))
+      elif pieces == "row_wise" and (exchanges or {}).get(name) == "partial sums":
+        id_bytes = 8 if table.config.combiner == "sum" else 12
+        remote = sum(int((ids % replicas != r).sum()) for r, ids in enumerate(ids_of))
+        moved.append(remote * id_bytes +
+                     replicas * (replicas - 1) * per_replica * 2 * 4 * dim)
       elif pieces == "row_wise" or isinstance(pieces, tuple):
         # Row id on owners[id % k]: row-wise, every replica in order.
         owners = np.asarray(range(replicas) if pieces == "row_wise" else pieces)

@@ -37,7 +37,12 @@ width D on N replicas:
 
 - row_wise: each replica sends (N-1)/N * U ids (8 bytes), gets as many
   rows back (4 D bytes each) and sends their gradients in the backward;
-  the rows are spread evenly (memory V D / N per replica);
+  the rows are spread evenly (memory V D / N per replica). This is the
+  lookup's `exchange="rows"`. Its default for row-wise tables of pooled
+  features exchanges partial sums (`tfde.lookup.ShardedLookup`), which
+  moves fewer bytes where a replica's unique ids outnumber N times its
+  samples; the estimate does not model it yet, so it overstates
+  row-wise tables' traffic there;
 - table_wise on replica o: every other replica sends o its U ids and
   gets U rows back; o serves N U rows and holds V D;
 - column_wise: table-wise per slice, each slice with its own width
