@@ -151,14 +151,19 @@ def test_exchanges_say_which_tables_pool(strategy):
 
 
 @EXCHANGES
-def test_replicas_with_batches_of_other_sizes_equal_reference(strategy, exchange):
-  """Slices of 1 : 2 (: 3 : 4) of the global batch, every combiner, mixed
-  in one group, with weights: each replica's samples keep their place in
-  the owners' partial sums, forward and backward."""
+@pytest.mark.parametrize("first_empty", [False, True], ids=["growing", "first_empty"])
+def test_replicas_with_batches_of_other_sizes_equal_reference(strategy, exchange,
+                                                              first_empty):
+  """Slices of 1 : 2 (: 3 : 4) of the global batch, or the first replica
+  with no samples at all, every combiner, mixed in one group, with
+  weights: each replica's samples keep their place in the owners' partial
+  sums, forward and backward."""
   n = strategy.num_replicas_in_sync
   configs = h.feature_configs("adagrad", variant=1)
   bounds = h.replica_bounds(n, uneven=True)
   assert n == 1 or len({b - a for a, b in zip(bounds, bounds[1:])}) == n
+  if first_empty:
+    bounds = [0] + bounds[1:] if n == 1 else [0, 0] + bounds[2:]
   batches = [h.make_batch(s, weighted=True, seed=9, num_replicas=n) for s in range(3)]
   initial, outputs, final, _, _ = sharded_run(strategy, configs, batches, weighted=True,
                                               exchange=exchange, bounds=bounds)
@@ -280,8 +285,8 @@ def test_bytes_are_counted(strategy, exchange):
           want += 8 + 2 * 4 * h.TABLES[table][1]
       continue
     # Pooled: every id of its slice owned by another replica, as often as
-    # it occurs, with its sample (8 bytes) and its coefficient (4: both
-    # groups mix or divide, sum with mean, and sqrtn); then, per feature,
+    # it occurs, with its sample (8 bytes) and its coefficient (4); then,
+    # per feature,
     # the owner's partial sums of each other replica's samples back, and
     # this replica's output gradient to each other owner (4 * width bytes
     # a sample each).

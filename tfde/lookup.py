@@ -129,9 +129,12 @@ class ShardedLookup(tf.Module):
       of one row per unique id (trained weights add each id's row back in
       the backward). "rows": the rows of each replica's unique ids travel
       (fewer bytes at many replicas with few ids per sample); table-wise,
-      replicated, dynamic and reduced-precision groups always exchange so,
-      and so do groups too large for the sample to ride in the ids' high
-      bits (N * 2^ceil(log2(rows per shard)) at 2^31 or more).
+      dynamic and reduced-precision groups always exchange so, and so do
+      groups too large for the sample to ride in the ids' high bits (N *
+      2^ceil(log2(the group's rows on one replica)) at 2^31 or more), and
+      every table of a group (`table_stacking`: of one width, by default)
+      where one feature is unpooled or one table has a max_norm.
+      Replicated groups exchange only their gradients (an all-gather).
       `exchanges()` says what each table takes.
 
   `trainable_variables` is a single zero scalar whose gradient is what runs
@@ -393,8 +396,8 @@ class ShardedLookup(tf.Module):
   def exchanges(self):
     """Table name -> what its rows' exchange between the replicas is:
     "partial sums" (each owner's sums of every sample), "rows" (each
-    replica's unique ids' rows), or "none" (one replica, replicated
-    tables, or an engine's).
+    replica's unique ids' rows), or "none" (one replica, replicated tables,
+    whose backward all-gathers gradients, or an engine's).
 
     >>> import tfde
     >>> t = tfde.TableConfig(name="t", vocabulary_size=8, embedding_dim=4)
@@ -431,15 +434,8 @@ class ShardedLookup(tf.Module):
       for variable in group.gradient_variables(step.replica):
         tape_lib.variable_accessed(variable)
     if step.fused:
-      if step.pooled is not None:
-        # This owner's part of every sample of the global batch, then this
-        # replica's samples summed over the owners.
-        partials = group.combine_local(step.replica, routed.requested, routed.answer_index,
-                                       step.batch)
-        out = routing.sum_partials(self.comm, partials, step.pooled)
-        outputs = [out] if len(features) == 1 else tf.split(
-            out, [tf.size(f.row_splits) - 1 for f in features])
-      elif not step.deduped and ops.types.on_cpu(group.device(step.replica)):
+      if step.pooled is None and not step.deduped and ops.types.on_cpu(
+          group.device(step.replica)):
         # One shard, every id's row read where it lies: on a CPU each
         # feature from its own table (the fused ids and batch are the
         # backward's). A GPU's op waits on the device for its checks, so
@@ -448,6 +444,10 @@ class ShardedLookup(tf.Module):
       else:
         out = group.combine_local(step.replica, routed.requested, routed.answer_index,
                                   step.batch)
+        if step.pooled is not None:
+          # That was this owner's part of every sample of the global
+          # batch: this replica's samples are every owner's parts summed.
+          out = routing.sum_partials(self.comm, out, step.pooled)
         outputs = [out] if len(features) == 1 else tf.split(
             out, [tf.size(f.row_splits) - 1 for f in features])
       for f, o in zip(features, outputs):
@@ -510,8 +510,14 @@ class ShardedLookup(tf.Module):
     grads = [[tf.zeros_like(out) if g is None else g
               for out, g in zip(step.outputs, step_grads)]
              for step, step_grads in zip(steps, output_grads)]
-    weights_grads = [w for step, g, trained in zip(steps, grads, trained_weights)
-                     for w in self._weights_gradients(step, g, trained)]
+    weights_grads, previous = [], []
+    for step, g, trained in zip(steps, grads, trained_weights):
+      # In group order, as the gradients' exchanges below: the pooled
+      # exchange sends each id's row back for them.
+      with tf.control_dependencies(previous):
+        group_grads = self._weights_gradients(step, g, trained)
+      weights_grads += group_grads
+      previous = group_grads or previous
     # The weights' gradients read the rows as the forward combined them,
     # so before this step's update.
     with tf.control_dependencies(weights_grads):

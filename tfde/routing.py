@@ -121,7 +121,7 @@ class RoutedBags:
       row_splits[b + 1]]` are sample b's rows here. Replica r's samples
       follow replica r - 1's.
     weights: each requested row's coefficient in its sample's sum (its
-      weight over the combiner's divisor), or None where every one is 1.
+      weight over the combiner's divisor).
     partials: the exchange of the partial sums, `[global samples, width]`
       on each owner, back to the replicas whose samples they are.
     plan: the exchange of the ids (`requested` arrived by it).
@@ -185,13 +185,19 @@ def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=No
   # Received in increasing sample (each replica's ids keep their order in
   # a stable partition, and replica r's samples follow r - 1's), so the
   # counts per sample are the row splits.
-  row_splits = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(tf.math.bincount(
-      sample, minlength=total, maxlength=total, dtype=tf.int64))], 0)
-  coefficients = None
-  if weights is not None or combiner != "sum":
+  # (Counted in int32, which GPUs count in too.)
+  row_splits = tf.concat([tf.zeros([1], tf.int64), tf.cast(tf.cumsum(tf.math.bincount(
+      sample, minlength=total, maxlength=total, dtype=tf.int32)), tf.int64)], 0)
+  # The coefficients travel whether or not this call has weights (ones
+  # where it has none and sums): every graph of a lookup (training,
+  # evaluation, with weights or without) makes the same collectives, which
+  # the workers of a multi-process run name by their call order.
+  if weights is None and combiner == "sum":
+    grouped = tf.ones(tf.shape(local_keyed), tf.float32)
+  else:
     coefficients = ops.combine_coefficients(splits, weights, tf.size(fused_ids), combiner)[1]
     grouped = tf.scatter_nd(positions[:, None], coefficients, tf.shape(coefficients))
-    coefficients = comm.all_to_all(grouped, plan)
+  coefficients = comm.all_to_all(grouped, plan)
   # Each owner sends every replica its samples' rows of the partial sums:
   # counts every replica knows, so no exchange of counts.
   partials = comm_lib.ExchangePlan(every_samples, tf.fill(tf.shape(every_samples), samples),

@@ -20,9 +20,8 @@ def exchange_statistics(dataset, tables, batch_size, replicas, exchanges=None):
   forward and all-gathers each replica's gradient rows (ids and rows) to
   the other replicas. A row-wise table that exchanges partial sums
   (`exchanges`: table -> kind, `DistributedEmbedding.exchanges()`; "rows"
-  when not given) sends every id owned elsewhere, not deduped (8 bytes,
-  and 4 for its coefficient where the table's combiner is not "sum"; a
-  group that mixes combiners sends them for every table), and each owner
+  when not given) sends every id owned elsewhere, not deduped, with its
+  coefficient (12 bytes), and each owner
   sends every other replica its samples' partial sums, which send their
   gradients back (4 bytes a float each way). Returns {table:
   {"rows_touched": [...], "bytes_exchanged": [...]}}.
@@ -47,9 +46,8 @@ def exchange_statistics(dataset, tables, batch_size, replicas, exchanges=None):
       elif pieces == "replicated":
         moved.append(int(sum(u.size for u in unique) * (replicas - 1) * (8 + 4 * dim)))
       elif pieces == "row_wise" and (exchanges or {}).get(name) == "partial sums":
-        id_bytes = 8 if table.config.combiner == "sum" else 12
         remote = sum(int((ids % replicas != r).sum()) for r, ids in enumerate(ids_of))
-        moved.append(remote * id_bytes +
+        moved.append(remote * 12 +
                      replicas * (replicas - 1) * per_replica * 2 * 4 * dim)
       elif pieces == "row_wise" or isinstance(pieces, tuple):
         # Row id on owners[id % k]: row-wise, every replica in order.

@@ -41,8 +41,10 @@ width D on N replicas:
   lookup's `exchange="rows"`. Its default for row-wise tables of pooled
   features exchanges partial sums (`tfde.lookup.ShardedLookup`), which
   moves fewer bytes where a replica's unique ids outnumber N times its
-  samples; the estimate does not model it yet, so it overstates
-  row-wise tables' traffic there;
+  samples and more where they do not (many replicas, few ids per
+  sample); the estimate does not model it yet, so it overstates the
+  default's row-wise traffic in the first case and understates it in the
+  second;
 - table_wise on replica o: every other replica sends o its U ids and
   gets U rows back; o serves N U rows and holds V D;
 - column_wise: table-wise per slice, each slice with its own width
