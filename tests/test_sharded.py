@@ -150,6 +150,28 @@ def test_exchanges_say_which_tables_pool(strategy):
   assert renormalised == {"A": "rows", "B": "rows", "C": "partial sums"}
 
 
+def test_auto_keeps_rows_for_few_declared_ids_per_sample(strategy):
+  """Where every feature of a group declares its ids per sample
+  (`input_shape`), "auto" exchanges partial sums only for 2N or more a
+  sample on average; undeclared, always."""
+  n = strategy.num_replicas_in_sync
+  configs = h.feature_configs("sgd")
+
+  def declared(hotness):
+    return {f: dataclasses.replace(c, input_shape=(None, hotness[f]))
+            if f in hotness else c for f, c in configs.items()}
+
+  with strategy.scope():
+    few = h.sharded_lookup(declared({f: 2 * n - 1 for f in configs})).exchanges()
+    enough = h.sharded_lookup(declared({f: 2 * n for f in configs})).exchanges()
+    part = h.sharded_lookup(declared({"a_dense": 1})).exchanges()
+  if n == 1:
+    assert set(few.values()) == set(enough.values()) == set(part.values()) == {"none"}
+    return
+  assert few == {"A": "rows", "B": "rows", "C": "rows"}
+  assert enough == part == {"A": "partial sums", "B": "partial sums", "C": "partial sums"}
+
+
 @EXCHANGES
 @pytest.mark.parametrize("first_empty", [False, True], ids=["growing", "first_empty"])
 def test_replicas_with_batches_of_other_sizes_equal_reference(strategy, exchange,

@@ -43,6 +43,7 @@ output gradient goes to every owner, which applies it as one owner does
 import dataclasses
 import itertools
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record
 from tensorflow.python.eager import tape as tape_lib
@@ -69,6 +70,22 @@ def wants_gradient(tensor):
       tf.compat.v1.get_default_graph(), func_graph.FuncGraph):
     return True
   return record.should_record_backprop([tf.convert_to_tensor(tensor)])
+
+
+def _declared_ids_per_sample(feature):
+  """A feature's ids per sample as its `input_shape` declares them (the
+  most: (batch, hotness), 1 for (batch,)), or None where it does not.
+
+  >>> import tfde
+  >>> t = tfde.TableConfig(name="t", vocabulary_size=8, embedding_dim=4)
+  >>> [_declared_ids_per_sample(tfde.FeatureConfig(name="f", table=t, input_shape=s))
+  ...  for s in [None, (32,), (32, 5), (32, None), (32, 2, 3)]]
+  [None, 1, 5, None, 6]
+  """
+  shape = feature.input_shape
+  if shape is None or any(d is None for d in shape[1:]):
+    return None
+  return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
 
 
 def cached_lookup(tables, key, make):
@@ -130,8 +147,10 @@ class ShardedLookup(tf.Module):
       the backward). "rows": the rows of each replica's unique ids travel
       (fewer bytes, and a faster step, where a replica's unique ids are
       not several times N times its samples: at many replicas, or with
-      one-hot features: `make demo`'s mostly one-hot model trains about
-      8% slower with partial sums than it did exchanging rows); table-wise,
+      one-hot features: `make demo`'s mostly one-hot model trained about
+      8% slower with partial sums than exchanging rows). "auto" keeps the
+      rows where every feature of a group declares its ids per sample
+      (`FeatureConfig.input_shape`) and they average under 2N; table-wise,
       dynamic and reduced-precision groups always exchange so, and so do
       groups too large for the sample to ride in the ids' high bits (N *
       2^ceil(log2(the group's rows on one replica)) at 2^31 or more), and
@@ -393,8 +412,17 @@ class ShardedLookup(tf.Module):
     graph of a step (training, evaluation) must make the same collectives
     in the same order, which workers name by their call order."""
     configs = [self.feature_configs[name] for name in feature_names]
-    return (self.exchange == "auto" and group.pools_partials and
-            all(c.output == "pooled" and c.table.max_norm is None for c in configs))
+    if not (self.exchange == "auto" and group.pools_partials and
+            all(c.output == "pooled" and c.table.max_norm is None for c in configs)):
+      return False
+    # The partial sums move fewer bytes (and the step runs faster) only
+    # where a replica's unique ids are several times N times its samples.
+    # Where every feature declares its ids per sample (`input_shape`), too
+    # few of them (under 2N a sample on average) keep the rows: one-hot
+    # features, or many replicas. Undeclared, the partial sums.
+    declared = [_declared_ids_per_sample(c) for c in configs]
+    return not (configs and None not in declared and
+                sum(declared) < 2 * group.num_shards * len(configs))
 
   def exchanges(self):
     """Table name -> what its rows' exchange between the replicas is:

@@ -137,7 +137,11 @@ def run_job(config, data_path=None, report_dir=None, verbose=1, config_file=None
     print(f"tfde train: tables laid out by {plan_path} ({', '.join(kinds)})",
           flush=True)
   with strategy.scope():
-    model = build_model(config, full.vocabulary, full.task, dense, plan=plan)
+    # Each sparse feature's most ids a sample, from the data.
+    hotness = {name: max(1, int(full.features[name][1].max(initial=0)))
+               for name in full.vocabulary}
+    model = build_model(config, full.vocabulary, full.task, dense, plan=plan,
+                        hotness=hotness)
 
   unknown = sorted(set(projector) - set(full.vocabulary))
   if unknown:

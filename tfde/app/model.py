@@ -2,6 +2,8 @@
 Keras layer (bottom MLP over dense features, embeddings, pairwise dots,
 top MLP), for a job config."""
 
+import dataclasses
+
 
 def feature_configs(config, vocabulary):
   """The job's features, one table each (the model's width, combiner and
@@ -18,10 +20,12 @@ def feature_configs(config, vocabulary):
       for i, (name, vocab) in enumerate(sorted(vocabulary.items()))}
 
 
-def build_model(config, vocabulary, task, dense_features, plan=None):
+def build_model(config, vocabulary, task, dense_features, plan=None, hotness=None):
   """The DLRM-style model, built in the current strategy's scope; `plan` (a
   `tfde.planner.ShardingPlan`) lays its tables out, or None: the layer's
-  default placement."""
+  default placement. `hotness`: feature name -> the most ids of a sample,
+  declared to the layer (`FeatureConfig.input_shape`), which picks the
+  exchange by them."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tfde  # pylint: disable=g-import-not-at-top
@@ -29,6 +33,9 @@ def build_model(config, vocabulary, task, dense_features, plan=None):
 
   m = config.model
   features = feature_configs(config, vocabulary)
+  if hotness:
+    features = {name: dataclasses.replace(f, input_shape=(None, int(hotness[name])))
+                if name in hotness else f for name, f in features.items()}
 
   class RankingModel(keras.Model):
     """Embeddings + bottom MLP -> pairwise dots -> top MLP."""
