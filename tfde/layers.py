@@ -140,8 +140,10 @@ class DistributedEmbedding(keras.layers.Layer):
       count (checkpoints and weights still restore under any plan).
     exchange: what row-wise tables send between replicas: "auto" (each
       owner's partial sums of every sample, for row-wise tables whose
-      features are pooled and renormalise no rows) or "rows" (each
-      replica's unique ids' rows); see `tfde.lookup.ShardedLookup`.
+      features are pooled, renormalise no rows and, where their
+      `input_shape` declares it, average 2N ids a sample or more) or
+      "rows" (each replica's unique ids' rows); see
+      `tfde.lookup.ShardedLookup`.
     **kwargs: Keras layer arguments (name, dtype, ...).
 
   Build the layer under the strategy's scope (as Keras models are): its
