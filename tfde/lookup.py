@@ -30,20 +30,17 @@ share the table. With `train_in_backward=False` the backward instead
 returns `tf.IndexedSlices` gradients for the local shards (SOK style) and
 applies nothing.
 
-Row-wise groups of pooled features exchange partial sums instead, by
-default (`exchange="auto"`, TorchRec's row-wise sharding): every id, not
-deduped, goes to its owner with its sample; each owner combines its rows
-of every sample of the global batch straight from its shard; each replica
-adds the owners' partial sums of its samples. Backward, each replica's
-output gradient goes to every owner, which applies it as one owner does
-(`tfde.routing.route_bags_to_owners`).
+Row-wise groups of pooled features exchange partial sums instead where
+that pays (`tfde.exchange_kind`): every id goes to its owner with its
+sample; each owner combines its rows of every sample of the global batch
+from its shard; each replica adds the owners' partial sums. Backward,
+every owner gets every output gradient (`tfde.routing`).
 """
 
 
 import dataclasses
 import itertools
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record
 from tensorflow.python.eager import tape as tape_lib
@@ -52,6 +49,7 @@ from tensorflow.python.framework import func_graph
 from tfde import collective_keys
 from tfde import comm as comm_lib
 from tfde import group_step
+from tfde import exchange_kind
 from tfde import groups as groups_lib
 from tfde import inputs as inputs_lib
 from tfde import ops
@@ -70,22 +68,6 @@ def wants_gradient(tensor):
       tf.compat.v1.get_default_graph(), func_graph.FuncGraph):
     return True
   return record.should_record_backprop([tf.convert_to_tensor(tensor)])
-
-
-def _declared_ids_per_sample(feature):
-  """A feature's ids per sample as its `input_shape` declares them (the
-  most: (batch, hotness), 1 for (batch,)), or None where it does not.
-
-  >>> import tfde
-  >>> t = tfde.TableConfig(name="t", vocabulary_size=8, embedding_dim=4)
-  >>> [_declared_ids_per_sample(tfde.FeatureConfig(name="f", table=t, input_shape=s))
-  ...  for s in [None, (32,), (32, 5), (32, None), (32, 2, 3)]]
-  [None, 1, 5, None, 6]
-  """
-  shape = feature.input_shape
-  if shape is None or any(d is None for d in shape[1:]):
-    return None
-  return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
 
 
 def cached_lookup(tables, key, make):
@@ -137,27 +119,11 @@ class ShardedLookup(tf.Module):
       table its sharding kind (row-wise, table-wise, column-wise,
       replicated) and owners; tables it does not name, and every table when
       None, follow `placement` and `auto_replicate_bytes` as before.
-    exchange: what row-wise groups send between replicas. "auto" (the
-      default): each owner sums its rows of every sample into partial
-      outputs, which the replicas add (TorchRec's row-wise sharding;
-      `tfde.routing.route_bags_to_owners`), where a group's features are
-      all pooled and none renormalises rows (max_norm); one [samples,
-      width] partial per owner and replica then travels each way, in place
-      of one row per unique id (trained weights add each id's row back in
-      the backward). "rows": the rows of each replica's unique ids travel
-      (fewer bytes, and a faster step, where a replica's unique ids are
-      not several times N times its samples: at many replicas, or with
-      one-hot features: `make demo`'s mostly one-hot model trained about
-      8% slower with partial sums than exchanging rows). "auto" keeps the
-      rows where every feature of a group declares its ids per sample
-      (`FeatureConfig.input_shape`) and they average under 2N; table-wise,
-      dynamic and reduced-precision groups always exchange so, and so do
-      groups too large for the sample to ride in the ids' high bits (N *
-      2^ceil(log2(the group's rows on one replica)) at 2^31 or more), and
-      every table of a group (`table_stacking`: of one width, by default)
-      where one feature is unpooled or one table has a max_norm.
-      Replicated groups exchange only their gradients (an all-gather).
-      `exchanges()` says what each table takes.
+    exchange: what row-wise groups send between replicas: "auto" (the
+      default) each owner's partial sums of every sample where that pays,
+      else the rows of each replica's unique ids; "rows" always the rows.
+      `tfde.exchange_kind` says which groups take which; `exchanges()`
+      what each table takes.
 
   `trainable_variables` is a single zero scalar whose gradient is what runs
   the backward pass: pass it to `tape.gradient` (Keras does so through the
@@ -349,7 +315,8 @@ class ShardedLookup(tf.Module):
     what it must serve (local rows, or ids with their sighting counts); or
     (the pooled exchange) every id with its sample and coefficient."""
     comm = self.comm
-    if self._pools_partials(group, [f.name for f in features]):
+    if exchange_kind.pools_partials(self.exchange, group,
+                                    [self.feature_configs[f.name] for f in features]):
       bags = routing.route_bags_to_owners(
           comm, fused_ids, group_step.as_one_batch(features, combiners), group.num_shards,
           group.row_space, stamp=group.step(comm.replica_id()))
@@ -406,24 +373,6 @@ class ShardedLookup(tf.Module):
         fused=(routed.plan is None and group.fuses_local and
                not group_step.renormalizes(features)))
 
-  def _pools_partials(self, group, feature_names):
-    """Whether `group`, looked up for the features `feature_names`, takes
-    the pooled exchange (`exchange`). From the configuration only: every
-    graph of a step (training, evaluation) must make the same collectives
-    in the same order, which workers name by their call order."""
-    configs = [self.feature_configs[name] for name in feature_names]
-    if not (self.exchange == "auto" and group.pools_partials and
-            all(c.output == "pooled" and c.table.max_norm is None for c in configs)):
-      return False
-    # The partial sums move fewer bytes (and the step runs faster) only
-    # where a replica's unique ids are several times N times its samples.
-    # Where every feature declares its ids per sample (`input_shape`), too
-    # few of them (under 2N a sample on average) keep the rows: one-hot
-    # features, or many replicas. Undeclared, the partial sums.
-    declared = [_declared_ids_per_sample(c) for c in configs]
-    return not (configs and None not in declared and
-                sum(declared) < 2 * group.num_shards * len(configs))
-
   def exchanges(self):
     """Table name -> what its rows' exchange between the replicas is:
     "partial sums" (each owner's sums of every sample), "rows" (each
@@ -435,23 +384,8 @@ class ShardedLookup(tf.Module):
     >>> ShardedLookup({"f": tfde.FeatureConfig(name="f", table=t)}).exchanges()
     {'t': 'none'}
     """
-    whole = {part.name: name for name, table in self.tables.items()
-             for part in getattr(table, "slices", [table])}
-    kinds = {}
-    for group in self._groups:
-      names = [f.name for f in self.feature_configs.values()
-               if any(part in group.index for part, table in whole.items()
-                      if table == f.table.name)]
-      if isinstance(group, groups_lib.EngineGroup) or group.num_shards == 1:
-        kind = "none"
-      else:
-        kind = "partial sums" if self._pools_partials(group, names) else "rows"
-      for table in group.tables:
-        # A column-wise table's slices may exchange in several groups.
-        previous = kinds.setdefault(whole[table.name], kind)
-        if previous != kind:
-          kinds[whole[table.name]] = "rows" if "rows" in (previous, kind) else previous
-    return kinds
+    return exchange_kind.of_tables(self.exchange, self._groups, self.feature_configs,
+                                   self.tables)
 
   def _compute_and_output_dist(self, step, training):
     """Stages 2 and 3: the owners read their rows, send them back, and each

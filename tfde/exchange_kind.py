@@ -1,0 +1,84 @@
+"""Which exchange a group of tables takes between the replicas: each
+owner's partial sums of every sample, or the rows of each replica's unique
+ids (`tfde.lookup.ShardedLookup`'s `exchange`). Decided from the
+configuration only: every graph of a step (training, evaluation) must
+make the same collectives in the same order, which the workers of a
+multi-process run name by their call order.
+
+"auto" (the default): each owner sums its rows of every sample into
+partial outputs, which the replicas add (TorchRec's row-wise sharding;
+`tfde.routing.route_bags_to_owners`), where a group's features are all
+pooled and none renormalises rows (max_norm); one [samples, width] partial
+per owner and replica then travels each way, in place of one row per
+unique id (trained weights add each id's row back in the backward).
+"rows": the rows of each replica's unique ids travel (fewer bytes, and a
+faster step, where a replica's unique ids are not several times N times
+its samples: at many replicas, or with one-hot features: `make demo`'s
+mostly one-hot model trained about 8% slower with partial sums than
+exchanging rows). "auto" keeps the rows where every feature of a group
+declares its ids per sample (`FeatureConfig.input_shape`) and they
+average under 2N; table-wise, dynamic and reduced-precision groups always
+exchange so, and so do groups too large for the sample to ride in the
+ids' high bits (N * 2^ceil(log2(the group's rows on one replica)) at 2^31
+or more), and every table of a group (`table_stacking`: of one width, by
+default) where one feature is unpooled or one table has a max_norm.
+Replicated groups exchange only their gradients (an all-gather).
+
+>>> import tfde
+>>> t = tfde.TableConfig(name="t", vocabulary_size=8, embedding_dim=4)
+>>> [declared_ids_per_sample(tfde.FeatureConfig(name="f", table=t, input_shape=s))
+...  for s in [None, (32,), (32, 5), (32, None), (32, 2, 3)]]
+[None, 1, 5, None, 6]
+"""
+
+import numpy as np
+
+from tfde import groups as groups_lib
+
+
+def declared_ids_per_sample(feature):
+  """A feature's ids per sample as its `input_shape` declares them (the
+  most: (batch, hotness), 1 for (batch,)), or None where it does not."""
+  shape = feature.input_shape
+  if shape is None or any(d is None for d in shape[1:]):
+    return None
+  return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+
+
+def pools_partials(exchange, group, configs):
+  """Whether `group`, looked up for the `FeatureConfig`s `configs`, takes
+  the exchange of partial sums under the lookup's `exchange`."""
+  if not (exchange == "auto" and group.pools_partials and
+          all(c.output == "pooled" and c.table.max_norm is None for c in configs)):
+    return False
+  # The partial sums move fewer bytes (and the step runs faster) only
+  # where a replica's unique ids are several times N times its samples.
+  # Where every feature declares its ids per sample (`input_shape`), too
+  # few of them (under 2N a sample on average) keep the rows: one-hot
+  # features, or many replicas. Undeclared, the partial sums.
+  declared = [declared_ids_per_sample(c) for c in configs]
+  return not (configs and None not in declared and
+              sum(declared) < 2 * group.num_shards * len(configs))
+
+
+def of_tables(exchange, groups, feature_configs, tables):
+  """Table name -> "partial sums", "rows" or "none" (one replica,
+  replicated tables, or an engine's), for a lookup's `groups` of `tables`
+  (name -> table) and its `feature_configs` (name -> FeatureConfig)."""
+  whole = {part.name: name for name, table in tables.items()
+           for part in getattr(table, "slices", [table])}
+  kinds = {}
+  for group in groups:
+    configs = [f for f in feature_configs.values()
+               if any(part in group.index for part, table in whole.items()
+                      if table == f.table.name)]
+    if isinstance(group, groups_lib.EngineGroup) or group.num_shards == 1:
+      kind = "none"
+    else:
+      kind = "partial sums" if pools_partials(exchange, group, configs) else "rows"
+    for table in group.tables:
+      # A column-wise table's slices may exchange in several groups.
+      previous = kinds.setdefault(whole[table.name], kind)
+      if previous != kind:
+        kinds[whole[table.name]] = "rows" if "rows" in (previous, kind) else previous
+  return kinds
