@@ -153,11 +153,11 @@ class StaticGroup(TableGroup):
     self.row_space = self.layout.total_rows
     # Row-wise tables only: a table-wise table's owner alone holds its rows,
     # and every other replica would send zeros. The sample travels in the
-    # id's high bits (N * 2^bits of rows below 2^31 leaves 2^32 samples).
+    # id's high bits (`routing.sample_key_bits`).
     self.pools_partials = (
         self.fuses_local and self.num_shards > 1 and
         all(o is None for o in self.layout.owners) and
-        self.num_shards << max(int(self.row_space - 1).bit_length(), 1) < 2**31)
+        routing.sample_key_bits(self.row_space, self.num_shards) is not None)
 
   def fused_ids(self, features):
     return tf.concat([self.layout.fused_ids(self.index[f.table.name], f.ids)

@@ -137,6 +137,20 @@ class RoutedBags:
   positions: tf.Tensor
 
 
+def sample_key_bits(row_space, num_shards):
+  """The bits a fused id takes under its sample in the pooled exchange's
+  keys (`route_bags_to_owners`), or None where the keys would not fit.
+
+  A key is `sample * N * 2^bits + fused id`; with `N * 2^bits` below 2^31
+  an int64 key holds 2^32 samples, more than an int32 batch can count.
+
+  >>> sample_key_bits(1000, 4), sample_key_bits(2**28, 4), sample_key_bits(2**28 + 1, 4)
+  (10, 28, None)
+  """
+  bits = max(int(row_space - 1).bit_length(), 1)
+  return bits if num_shards << bits < 2**31 else None
+
+
 def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=None):
   """Stage 1 of the pooled exchange: every id of this replica's `batch`
   (row splits, weights, combiner over `fused_ids`) to its owner (`id mod
@@ -172,8 +186,10 @@ def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=No
   # N * 2^bits + id) has the id's owner (mod N), and its quotient by N is
   # (sample * 2^bits + local row), so one partition and one exchange carry
   # both, and the owner splits them with a mask and a shift.
-  # (`pools_partials` keeps N * rows below 2^31: samples, an int32, fit.)
-  bits = max(int(row_space - 1).bit_length(), 1)
+  bits = sample_key_bits(row_space, num_shards)
+  if bits is None:
+    raise ValueError(f"{row_space} rows at {num_shards} owners leave no room "
+                     "for the sample in an int64 id: exchange rows instead")
   sample_of_id = tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)
   keyed = (sample_of_id + offset) * (num_shards << bits) + fused_ids
   local_keyed, send_counts, positions = ops.partition_by_shard(keyed, num_shards)
