@@ -1,7 +1,9 @@
 """Sharded tables under MirroredStrategy (N logical CPUs, N in {1, 2, 4})
 against the unsharded numpy reference of tests/sharded_harness.py."""
 
+import collections
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -148,6 +150,60 @@ def test_exchanges_say_which_tables_pool(strategy):
   assert auto == {"A": "partial sums", "B": "partial sums", "C": "partial sums"}
   assert rows == {"A": "rows", "B": "rows", "C": "rows"}
   assert renormalised == {"A": "rows", "B": "rows", "C": "partial sums"}
+
+
+def _exchange_scopes(strategy, lookup, inputs):
+  """Per exchange kind, the name scopes of that exchange in one replica's
+  traced forward (one scope per group taking it)."""
+  graph = tf.function(lambda: strategy.run(lambda: lookup(inputs))
+                      ).get_concrete_function().graph
+  scopes = collections.defaultdict(set)
+  for op in graph.get_operations():
+    if op.name.startswith("replica_"):
+      continue  # the other replicas' copies of the same step
+    match = re.search(r"(partial_sums|rows)_exchange(_\d+)?/", op.name)
+    if match:
+      scopes[match.group(1)].add(op.name[:match.end()])
+  return {kind: len(names) for kind, names in scopes.items()}
+
+
+def test_the_exchange_built_is_the_one_reported(strategy):
+  """The graph a lookup builds takes, per group, the exchange `exchanges()`
+  reports: the group of tables A and B (width 4) exchanges rows once A has
+  a max norm, or at few declared ids per sample; C (width 3) partial sums."""
+  n = strategy.num_replicas_in_sync
+  configs = h.feature_configs("sgd")
+  a = dataclasses.replace(configs["a_dense"].table, max_norm=1.0)
+  cases = {
+      "auto": {},
+      "rows": dict(exchange="rows"),
+      "max norm": dict(configs={f: dataclasses.replace(c, table=a) if c.table.name == "A"
+                                else c for f, c in configs.items()}),
+      # The most ids a sample each feature of A and B has (3.75 on
+      # average, under 2N).
+      "few declared": dict(configs={
+          f: dataclasses.replace(c, input_shape=(None, 3 if f == "a_dense" else 4))
+          if c.table.name != "C" else c for f, c in configs.items()}),
+  }
+  inputs = h.replica_inputs(h.make_batch(0, weighted=False, num_replicas=n), 0, n)[0]
+  for case, kwargs in cases.items():
+    with strategy.scope():
+      lookup = h.sharded_lookup(kwargs.get("configs", configs),
+                                exchange=kwargs.get("exchange", "auto"))
+    reported = lookup.exchanges()
+    width_of = {"A": 4, "B": 4, "C": 3}
+    want = collections.Counter()
+    for width in set(width_of.values()):
+      kinds = {reported[t] for t in width_of if width_of[t] == width}
+      assert len(kinds) == 1, (case, reported)  # a group takes one exchange
+      kind = kinds.pop()
+      if kind != "none":
+        want["partial_sums" if kind == "partial sums" else "rows"] += 1
+    assert _exchange_scopes(strategy, lookup, inputs) == dict(want), (case, reported)
+    if n > 1 and case == "auto":
+      assert want == {"partial_sums": 2}
+    if n > 1 and case in ("max norm", "few declared"):
+      assert want == {"partial_sums": 1, "rows": 1}
 
 
 def test_auto_keeps_rows_for_few_declared_ids_per_sample(strategy):
