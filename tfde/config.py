@@ -13,6 +13,8 @@ True
 import dataclasses
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 COMBINERS = ("sum", "mean", "sqrtn")
 PLACEMENTS = ("auto", "default_device", "sparsecore")
 
@@ -359,6 +361,20 @@ class FeatureConfig:
           f"FeatureConfig {self.name!r}: output_shape {self.output_shape} must "
           f"end in the table's embedding_dim {self.table.embedding_dim} "
           f"(table {self.table.name!r})")
+
+  def declared_ids_per_sample(self):
+    """The most ids a sample has as `input_shape` declares them (the
+    product past the batch; 1 for (batch,)), or None where it does not.
+
+    >>> t = TableConfig(name="t", vocabulary_size=8, embedding_dim=4)
+    >>> [FeatureConfig(name="f", table=t, input_shape=s).declared_ids_per_sample()
+    ...  for s in [None, (32,), (32, 5), (32, None), (32, 2, 3)]]
+    [None, 1, 5, None, 6]
+    """
+    shape = self.input_shape
+    if shape is None or any(d is None for d in shape[1:]):
+      return None
+    return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
 
   def __eq__(self, other):
     if not isinstance(other, FeatureConfig):

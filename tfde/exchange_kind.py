@@ -26,39 +26,38 @@ Replicated groups exchange only their gradients (an all-gather).
 
 >>> import tfde
 >>> t = tfde.TableConfig(name="t", vocabulary_size=8, embedding_dim=4)
->>> [declared_ids_per_sample(tfde.FeatureConfig(name="f", table=t, input_shape=s))
-...  for s in [None, (32,), (32, 5), (32, None), (32, 2, 3)]]
-[None, 1, 5, None, 6]
+>>> one_hot = tfde.FeatureConfig(name="f", table=t, input_shape=(32, 1))
+>>> [features_pool_partials(f, num_shards=2) for f in
+...  [[one_hot], [tfde.FeatureConfig(name="g", table=t, input_shape=(32, 20))],
+...   [tfde.FeatureConfig(name="h", table=t)]]]
+[False, True, True]
 """
-
-import numpy as np
 
 from tfde import groups as groups_lib
 
 
-def declared_ids_per_sample(feature):
-  """A feature's ids per sample as its `input_shape` declares them (the
-  most: (batch, hotness), 1 for (batch,)), or None where it does not."""
-  shape = feature.input_shape
-  if shape is None or any(d is None for d in shape[1:]):
-    return None
-  return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
-
-
-def pools_partials(exchange, group, configs):
-  """Whether `group`, looked up for the `FeatureConfig`s `configs`, takes
-  the exchange of partial sums under the lookup's `exchange`."""
-  if not (exchange == "auto" and group.pools_partials and
-          all(c.output == "pooled" and c.table.max_norm is None for c in configs)):
+def features_pool_partials(configs, num_shards):
+  """The features' side of the choice: whether `configs` (`FeatureConfig`s
+  of one group's tables) looked up at `num_shards` owners would take the
+  partial sums under "auto", the group allowing it (`pools_partials`).
+  The planner asks it for a row-wise table alone."""
+  if not all(c.output == "pooled" and c.table.max_norm is None for c in configs):
     return False
   # The partial sums move fewer bytes (and the step runs faster) only
   # where a replica's unique ids are several times N times its samples.
   # Where every feature declares its ids per sample (`input_shape`), too
   # few of them (under 2N a sample on average) keep the rows: one-hot
   # features, or many replicas. Undeclared, the partial sums.
-  declared = [declared_ids_per_sample(c) for c in configs]
+  declared = [c.declared_ids_per_sample() for c in configs]
   return not (configs and None not in declared and
-              sum(declared) < 2 * group.num_shards * len(configs))
+              sum(declared) < 2 * num_shards * len(configs))
+
+
+def pools_partials(exchange, group, configs):
+  """Whether `group`, looked up for the `FeatureConfig`s `configs`, takes
+  the exchange of partial sums under the lookup's `exchange`."""
+  return (exchange == "auto" and group.pools_partials and
+          features_pool_partials(configs, group.num_shards))
 
 
 def of_tables(exchange, groups, feature_configs, tables):

@@ -33,7 +33,7 @@ import time
 from tfde.app.config import (  # noqa: F401 (the schema, re-exported)
     ConfigError, DataConfig, DenseOptimizerConfig, JobConfig, ModelConfig,
     SparseFeatureConfig, TableOptimizerConfig, TrainingConfig, load_config)
-from tfde.app.model import build_model
+from tfde.app.model import build_model, most_ids_per_sample
 from tfde.app.report import (TensorBoardLog, exchange_statistics, save_checkpoint,
                              shard_stats, write_projector, write_report)
 
@@ -138,8 +138,7 @@ def run_job(config, data_path=None, report_dir=None, verbose=1, config_file=None
           flush=True)
   with strategy.scope():
     # Each sparse feature's most ids a sample, from the data.
-    hotness = {name: max(1, int(full.features[name][1].max(initial=0)))
-               for name in full.vocabulary}
+    hotness = most_ids_per_sample(full.features, full.vocabulary)
     model = build_model(config, full.vocabulary, full.task, dense, plan=plan,
                         hotness=hotness)
 

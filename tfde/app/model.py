@@ -2,22 +2,32 @@
 Keras layer (bottom MLP over dense features, embeddings, pairwise dots,
 top MLP), for a job config."""
 
-import dataclasses
 
-
-def feature_configs(config, vocabulary):
+def feature_configs(config, vocabulary, hotness=None):
   """The job's features, one table each (the model's width, combiner and
-  table optimizer), by name; `tfde plan` plans these same tables."""
+  table optimizer), by name; `tfde plan` plans these same tables.
+  `hotness`: feature name -> the most ids of a sample, declared
+  (`FeatureConfig.input_shape`): the layer picks its exchange by them,
+  and the planner estimates that exchange."""
   import tfde  # pylint: disable=g-import-not-at-top
   m = config.model
+  hotness = hotness or {}
   return {
       name: tfde.FeatureConfig(
           name=name, table=tfde.TableConfig(
               name=name, vocabulary_size=vocab, embedding_dim=m.embedding_dim,
               optimizer=tfde.optimizers.SparseOptimizer.from_config(
                   m.table_optimizer.get_config()),
-              combiner=m.combiner, seed=config.seed + i))
+              combiner=m.combiner, seed=config.seed + i),
+          input_shape=(None, int(hotness[name])) if name in hotness else None)
       for i, (name, vocab) in enumerate(sorted(vocabulary.items()))}
+
+
+def most_ids_per_sample(features, names):
+  """Feature name -> the most ids a sample has (at least 1), for the
+  sparse features `names` of a data set's `features` (name -> (values,
+  lengths))."""
+  return {name: max(1, int(features[name][1].max(initial=0))) for name in names}
 
 
 def build_model(config, vocabulary, task, dense_features, plan=None, hotness=None):
@@ -32,10 +42,7 @@ def build_model(config, vocabulary, task, dense_features, plan=None, hotness=Non
   from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
 
   m = config.model
-  features = feature_configs(config, vocabulary)
-  if hotness:
-    features = {name: dataclasses.replace(f, input_shape=(None, int(hotness[name])))
-                if name in hotness else f for name, f in features.items()}
+  features = feature_configs(config, vocabulary, hotness)
 
   class RankingModel(keras.Model):
     """Embeddings + bottom MLP -> pairwise dots -> top MLP."""

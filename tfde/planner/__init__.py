@@ -30,21 +30,26 @@ The cost model (`CostModel`, every constant a field) estimates a step as
       compute being (rows gathered and updated * row bytes) / memory
       bandwidth + tables held * a fixed cost per table
 
-from, per table, the ids per sample of its features and the unique ids
-per replica batch (measured on `sample_inputs`, else assumed: 1 id per
+from, per table, the ids per sample of its features, the samples, and
+the unique ids per replica batch (measured on `sample_inputs`, else assumed: 1 id per
 sample, all unique). Per kind, per replica batch of U unique ids of
 width D on N replicas:
 
-- row_wise: each replica sends (N-1)/N * U ids (8 bytes), gets as many
-  rows back (4 D bytes each) and sends their gradients in the backward;
-  the rows are spread evenly (memory V D / N per replica). This is the
-  lookup's `exchange="rows"`. Its default for row-wise tables of pooled
-  features exchanges partial sums (`tfde.lookup.ShardedLookup`), which
-  moves fewer bytes where a replica's unique ids outnumber N times its
-  samples and more where they do not (many replicas, few ids per
-  sample); the estimate does not model it yet, so it overstates the
-  default's row-wise traffic in the first case and understates it in the
-  second;
+- row_wise, exchanging rows (the lookup's `exchange="rows"`, and
+  tables whose features do not all pool, or with a max_norm): each
+  replica sends (N-1)/N * U ids (8 bytes), gets as many rows back (4 D
+  bytes each) and sends their gradients in the backward; the rows are
+  spread evenly (memory V D / N per replica);
+- row_wise, exchanging partial sums (the default for tables of pooled
+  features, as `tfde.exchange_kind` decides from the features' declared
+  ids per sample): each replica sends (N-1)/N of its I ids (8 bytes and
+  a 4-byte coefficient each); each owner sends each other replica, per
+  feature, its S samples' partial sums (4 D bytes a sample), and in the
+  backward each replica sends each other its output gradients (as
+  many); 5 collective rounds in the forward, against the rows' 3. Fewer
+  bytes where U is several times N S, more at many replicas or few ids
+  per sample. Each table is judged by its own features, where the
+  lookup decides for all tables of its width together;
 - table_wise on replica o: every other replica sends o its U ids and
   gets U rows back; o serves N U rows and holds V D;
 - column_wise: table-wise per slice, each slice with its own width

@@ -9,6 +9,8 @@ from typing import Optional
 
 import numpy as np
 
+from tfde import exchange_kind
+from tfde import routing
 from tfde.planner.layout import FLOAT_BYTES, ID_BYTES, balance
 
 
@@ -94,6 +96,10 @@ class CostModel:
 # gradients, each with its counts.
 SHARDED_ROUNDS = (3, 1)
 REPLICATED_ROUNDS = (0, 4)
+# A group exchanging partial sums: the forward gathers every replica's
+# sample count, plans the exchange, sends ids and their coefficients, and
+# gets the partial sums back; the backward sends the output gradients.
+POOLED_ROUNDS = (5, 1)
 
 
 @dataclasses.dataclass
@@ -110,6 +116,15 @@ class TableStats:
     unique_per_replica: unique ids in one replica's batch (U).
     unique_global: unique ids in the global batch.
     measured: from sample inputs (else assumed: 1 id per sample, unique).
+    element_bytes: bytes of one row element (2 for reduced precision).
+    samples_per_replica: samples in one replica's batch.
+    num_features: the features looking the table up (each pooled one
+      makes its own output, and its own partial sums).
+    pools_partials: whether the table, row-wise, would exchange each
+      owner's partial sums rather than rows (`tfde.exchange_kind`, judged
+      from its own features: all pooled, no max_norm, float32 and static,
+      and, where they declare their ids per sample, 2N or more on
+      average).
   """
 
   name: str
@@ -122,6 +137,9 @@ class TableStats:
   unique_global: float
   measured: bool
   element_bytes: int = FLOAT_BYTES
+  samples_per_replica: float = 0.0
+  pools_partials: bool = False
+  num_features: int = 1
 
   @property
   def row_bytes(self):
@@ -144,11 +162,28 @@ def _to_numpy_ids(feature, value):
   return np.asarray(ids), np.asarray(splits)
 
 
-def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=None):
+def _pools_partials(config, features, num_replicas, exchange):
+  """Whether a row-wise `config` (its `features`) would exchange partial
+  sums: `tfde.exchange_kind.pools_partials` for a group of this table
+  alone."""
+  if (exchange != "auto" or num_replicas == 1 or config.is_dynamic or
+      getattr(config, "dtype", "float32") != "float32" or
+      routing.sample_key_bits(math.ceil(config.vocabulary_size / num_replicas),
+                              num_replicas) is None):
+    return False
+  return exchange_kind.features_pool_partials(features, num_replicas)
+
+
+def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=None,
+                exchange="auto"):
   """name -> TableStats, measured on `sample_inputs` (feature name -> one
   global batch of ids, any input kind) when given. `batch_size`: the
   global batch the plan is for (default the sample's, or each feature's
-  `input_shape[0]` times the replicas)."""
+  `input_shape[0]` times the replicas). `exchange`: the lookup's (a
+  row-wise table of pooled features exchanges partial sums under
+  "auto")."""
+  if exchange not in ("auto", "rows"):
+    raise ValueError(f'exchange must be "auto" or "rows", got {exchange!r}')
   stats = {}
   for name, (config, features) in _table_configs(feature_configs).items():
     slots = len(config.optimizer.slot_names)
@@ -173,6 +208,7 @@ def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=No
       scale = 1.0 if batch_size is None else batch_size / max(batch, 1)
       unique_replica *= scale
       unique_global *= scale
+      samples = (batch if batch_size is None else batch_size) / num_replicas
     else:
       per_sample = float(sum(
           (f.input_shape[1] if f.input_shape and len(f.input_shape) > 1 and
@@ -182,6 +218,7 @@ def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=No
                                  if f.input_shape and f.input_shape[0]), 1024))
       unique_replica = per_sample * per_replica_batch
       unique_global = unique_replica * num_replicas
+      samples = per_replica_batch
     if config.is_dynamic:
       rows = (config.dynamic.max_rows_per_shard or 0) * num_replicas or int(
           unique_global)
@@ -193,7 +230,9 @@ def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=No
                              config.is_dynamic, per_sample, unique_replica,
                              unique_global, measured,
                              2 if getattr(config, "dtype", "float32") != "float32"
-                             else FLOAT_BYTES)
+                             else FLOAT_BYTES, float(samples),
+                             _pools_partials(config, features, num_replicas, exchange),
+                             len(features))
   return stats
 
 
@@ -217,6 +256,7 @@ class _Load:
     # Group key -> members: a group's rounds are paid once however many
     # tables it holds.
     self.sharded_groups = collections.Counter()
+    self.pooled_groups = collections.Counter()
     self.replicated_groups = collections.Counter()
 
   def copy(self):
@@ -224,6 +264,7 @@ class _Load:
     for k in _LOAD_ARRAYS:
       setattr(other, k, getattr(self, k).copy())
     other.sharded_groups = collections.Counter(self.sharded_groups)
+    other.pooled_groups = collections.Counter(self.pooled_groups)
     other.replicated_groups = collections.Counter(self.replicated_groups)
     return other
 
@@ -231,21 +272,26 @@ class _Load:
     for k in _LOAD_ARRAYS:
       setattr(self, k, getattr(self, k) + getattr(other, k))
     self.sharded_groups += other.sharded_groups
+    self.pooled_groups += other.pooled_groups
     self.replicated_groups += other.replicated_groups
 
   def subtract(self, other):
     for k in _LOAD_ARRAYS:
       setattr(self, k, getattr(self, k) - getattr(other, k))
     self.sharded_groups -= other.sharded_groups
+    self.pooled_groups -= other.pooled_groups
     self.replicated_groups -= other.replicated_groups
 
   def seconds(self, cost):
     sharded, replicated = len(self.sharded_groups), len(self.replicated_groups)
+    pooled = len(self.pooled_groups)
     if self.n == 1:
-      sharded = replicated = 0  # nothing is exchanged
-    forward = (cost.exchange_latency_s * sharded * SHARDED_ROUNDS[0] +
+      sharded = replicated = pooled = 0  # nothing is exchanged
+    forward = (cost.exchange_latency_s * (sharded * SHARDED_ROUNDS[0] +
+                                          pooled * POOLED_ROUNDS[0]) +
                self._wire_seconds(self.forward, self.forward_cross, cost).max())
     backward = (cost.exchange_latency_s * (sharded * SHARDED_ROUNDS[1] +
+                                           pooled * POOLED_ROUNDS[1] +
                                            replicated * REPLICATED_ROUNDS[1]) +
                 self._wire_seconds(self.backward, self.backward_cross, cost).max())
     compute = self.compute_seconds(cost)
@@ -338,12 +384,45 @@ def _row_split_load(stats, n, owners, per_worker=None):
   return load
 
 
+def _pooled_row_wise_load(stats, n, cross):
+  """Row-wise, exchanging partial sums: each replica sends (N-1)/N of its
+  I ids (8 bytes and a 4-byte coefficient each) to their owners, and as
+  an owner sums its rows of every sample of the global batch; each owner
+  sends each other replica its S samples' partial sums (4 D bytes a
+  sample and feature), and in the backward each replica sends every
+  other its S samples' output gradients. An owner writes N S partial
+  sums (per feature), its
+  replica adds N of them, and it updates the global batch's unique rows
+  it holds. (Reading each id's row and gradient where it is combined,
+  which every layout does, is not counted, as for the others.)"""
+  load = _Load(n)
+  samples = stats.samples_per_replica
+  ids = stats.ids_per_sample * samples
+  # Partial sums and output gradients travel per feature: one output each.
+  outputs = samples * stats.num_features
+  row = stats.width * FLOAT_BYTES
+  share = (n - 1) / n
+  load.forward += 2 * share * ids * (ID_BYTES + FLOAT_BYTES) + 2 * (n - 1) * outputs * row
+  load.backward += 2 * (n - 1) * outputs * row
+  load.compute += 2 * n * outputs * row + (
+      stats.unique_global / n * row * (1 + stats.slots) * 2)
+  load.memory += math.ceil(stats.rows / n) * stats.row_bytes
+  load.ids += share * ids
+  load.forward_cross += cross * load.forward
+  load.backward_cross += cross * load.backward
+  load.tables += 1
+  load.pooled_groups[stats.width] += 1
+  return load
+
+
 def layout_load(stats, layout, n, per_worker=None):
   """The per replica load of one table under `layout`, on `n` replicas in
   workers of `per_worker` (None: unknown, every link alike)."""
   u, ug = stats.unique_per_replica, stats.unique_global
   row = stats.width * FLOAT_BYTES
   cross = _cross_share(n, per_worker)
+  if layout.kind == "row_wise" and stats.pools_partials and n > 1:
+    return _pooled_row_wise_load(stats, n, cross)
   if layout.kind == "row_wise":
     load = _Load(n)
     share = (n - 1) / n

@@ -67,7 +67,7 @@ class PlanError(ValueError):
 
 def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
          replicas_per_worker=None, sample_inputs=None, batch_size=None,
-         cost_model=None):
+         cost_model=None, exchange="auto"):
   """A `ShardingPlan` for the tables of `feature_configs` on `num_replicas`.
 
   Args:
@@ -85,6 +85,9 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
       (or 1) distinct ids per sample.
     batch_size: the global batch to plan for (default the sample's).
     cost_model: a `CostModel` (default constants otherwise).
+    exchange: the lookup's `exchange` ("auto": row-wise tables of pooled
+      features are estimated exchanging partial sums, as the lookup's
+      default does; "rows": exchanging rows).
 
   Tables are placed largest first; each takes the layout (row-wise,
   replicated, table-wise on each replica, column-wise in 2, 4, ...
@@ -103,7 +106,7 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
                      f"{memory_per_replica_bytes}")
   _check_workers(num_replicas, replicas_per_worker)
   configs = {name: cfg for name, (cfg, _) in _table_configs(feature_configs).items()}
-  stats = table_stats(feature_configs, num_replicas, sample_inputs, batch_size)
+  stats = table_stats(feature_configs, num_replicas, sample_inputs, batch_size, exchange)
   budget = math.inf if memory_per_replica_bytes is None else memory_per_replica_bytes
   order = sorted(stats, key=lambda t: (-stats[t].rows * stats[t].row_bytes, t))
   load = _Load(num_replicas)
@@ -257,7 +260,8 @@ def _replica_estimate(load, cost):
 
 
 def simple_plan(feature_configs, num_replicas, kind, sample_inputs=None,
-                batch_size=None, cost_model=None, replicas_per_worker=None):
+                batch_size=None, cost_model=None, replicas_per_worker=None,
+                exchange="auto"):
   """Every table row-wise, replicated, table-wise (each on the least
   loaded replica so far, largest first) or table-row-wise (each over the
   least loaded worker's replicas; needs `replicas_per_worker`), with the
@@ -266,7 +270,7 @@ def simple_plan(feature_configs, num_replicas, kind, sample_inputs=None,
   if kind == "table_row_wise" and replicas_per_worker is None:
     raise ValueError("a table_row_wise plan needs replicas_per_worker")
   cost = cost_model or CostModel()
-  stats = table_stats(feature_configs, num_replicas, sample_inputs, batch_size)
+  stats = table_stats(feature_configs, num_replicas, sample_inputs, batch_size, exchange)
   order = sorted(stats, key=lambda t: (-stats[t].rows * stats[t].row_bytes, t))
   layouts, load = _uniform(stats, None, num_replicas, kind, cost, order,
                            replicas_per_worker)
