@@ -1,6 +1,7 @@
 """The sharding planner: its choices under memory and traffic, its errors,
 its serialization, its report and the `tfde plan` command."""
 
+import io
 import json
 import sys
 
@@ -323,3 +324,55 @@ def test_row_wise_bytes_estimate_what_the_lookup_sends(n, exchange):
       distribute(strategy, [p[2] for p in per]))
   sent = lookup.comm.bytes_sent()
   assert abs(estimate / sent - 1) < 0.1, (estimate, sent)
+
+
+def test_the_plan_chooses_each_widths_exchange_and_the_lookup_takes_it():
+  """Fed a sample, the planner gives each width's row-wise tables the
+  exchange estimated faster, and a lookup under the plan takes it where
+  its own rule would not: undeclared one-hot features (which the rule
+  sends as partial sums) exchange rows, a width of 20 ids a sample
+  partial sums; a width holding a max-norm table can only exchange rows.
+  The layouts say so, round-trip, and are checked."""
+  rng = np.random.default_rng(3)
+  n, batch = 4, 4096
+
+  def feature(name, rows, width, max_norm=None):
+    return tfde.FeatureConfig(name=name, table=tfde.TableConfig(
+        name=name, vocabulary_size=rows, embedding_dim=width, optimizer="sgd",
+        max_norm=max_norm))
+
+  configs = [feature("one_hot_a", 400_000, 8), feature("one_hot_b", 300_000, 8),
+             feature("hot", 500_000, 16), feature("renormalised", 200_000, 32, 1.0)]
+  hotness = {"one_hot_a": 1, "one_hot_b": 1, "hot": 20, "renormalised": 20}
+  sample = {f.name: tf.constant(rng.integers(0, f.table.vocabulary_size,
+                                             (batch, hotness[f.name])))
+            for f in configs}
+  # Too little memory to replicate the one-hot tables, and no column slices.
+  budget, cost = 24_000_000, planner.CostModel(min_column_width=64)
+  plan = planner.plan(configs, n, sample_inputs=sample, memory_per_replica_bytes=budget,
+                      cost_model=cost)
+  assert {name: (l.kind, l.exchange) for name, l in plan.tables.items()} == {
+      "one_hot_a": ("row_wise", "rows"), "one_hot_b": ("row_wise", "rows"),
+      "hot": ("row_wise", "partial sums"), "renormalised": ("row_wise", "rows")}, plan.tables
+  assert planner.ShardingPlan.from_json(plan.to_json()) == plan
+  assert "(sums)" in plan.report(file=io.StringIO())
+  strategy = mirrored(n)
+  with strategy.scope():
+    unplanned = tfde.lookup.ShardedLookup(configs).exchanges()
+    planned = tfde.lookup.ShardedLookup(configs, plan=plan)
+  assert unplanned["one_hot_a"] == "partial sums"
+  assert planned.exchanges() == {"one_hot_a": "rows", "one_hot_b": "rows",
+                                 "hot": "partial sums", "renormalised": "rows"}
+  from tests.test_sharded import _exchange_scopes  # pylint: disable=g-import-not-at-top
+  inputs = {f.name: tf.constant(rng.integers(0, 100, (batch // n, hotness[f.name])))
+            for f in configs}
+  assert _exchange_scopes(strategy, planned, inputs) == {"rows": 2, "partial_sums": 1}
+  # Chosen where the choice is the planner's; refused where it cannot hold.
+  with pytest.raises(ValueError, match="row_wise layouts only"):
+    planner.TableLayout("table_wise", [0], exchange="rows")
+  with pytest.raises(ValueError, match="must be one of"):
+    planner.TableLayout("row_wise", [0, 1], exchange="sums")
+  # Exchanging rows by the lookup's own choice, the plan picks no sums.
+  rows_plan = planner.plan(configs, n, sample_inputs=sample, exchange="rows",
+                           memory_per_replica_bytes=budget, cost_model=cost)
+  assert {l.exchange for l in rows_plan.tables.values()} == {"rows"}

@@ -17,7 +17,9 @@ its samples: at many replicas, or with one-hot features: `make demo`'s
 mostly one-hot model trained about 8% slower with partial sums than
 exchanging rows). "auto" keeps the rows where every feature of a group
 declares its ids per sample (`FeatureConfig.input_shape`) and they
-average under 2N; table-wise, dynamic and reduced-precision groups always
+average under 2N, and a sharding plan's choice (`TableLayout.exchange`,
+which `tfde.planner.plan` makes per width from its estimate of both on
+sample inputs) overrides that rule; table-wise, dynamic and reduced-precision groups always
 exchange so, and so do groups too large for the sample to ride in the
 ids' high bits (N * 2^ceil(log2(the group's rows on one replica)) at 2^31
 or more), and every table of a group (`table_stacking`: of one width, by
@@ -36,12 +38,19 @@ Replicated groups exchange only their gradients (an all-gather).
 from tfde import groups as groups_lib
 
 
+def features_may_pool(configs):
+  """Whether `configs` (`FeatureConfig`s of one group's tables) allow the
+  partial sums: every feature pooled, no table renormalising rows."""
+  return all(c.output == "pooled" and c.table.max_norm is None for c in configs)
+
+
 def features_pool_partials(configs, num_shards):
   """The features' side of the choice: whether `configs` (`FeatureConfig`s
   of one group's tables) looked up at `num_shards` owners would take the
-  partial sums under "auto", the group allowing it (`pools_partials`).
-  The planner asks it for a row-wise table alone."""
-  if not all(c.output == "pooled" and c.table.max_norm is None for c in configs):
+  partial sums under "auto", the group allowing it (`pools_partials`) and
+  no sharding plan choosing. The planner asks it for a row-wise table
+  alone."""
+  if not features_may_pool(configs):
     return False
   # The partial sums move fewer bytes (and the step runs faster) only
   # where a replica's unique ids are several times N times its samples.
@@ -53,17 +62,29 @@ def features_pool_partials(configs, num_shards):
               sum(declared) < 2 * num_shards * len(configs))
 
 
-def pools_partials(exchange, group, configs):
+def pools_partials(exchange, group, configs, plan=None):
   """Whether `group`, looked up for the `FeatureConfig`s `configs`, takes
-  the exchange of partial sums under the lookup's `exchange`."""
-  return (exchange == "auto" and group.pools_partials and
-          features_pool_partials(configs, group.num_shards))
+  the exchange of partial sums under the lookup's `exchange`. A sharding
+  `plan` whose layouts of the group's tables choose an exchange
+  (`TableLayout.exchange`, from the planner's estimate on sample inputs)
+  decides in place of the declared ids: partial sums where every one
+  says so."""
+  if not (exchange == "auto" and group.pools_partials and features_may_pool(configs)):
+    return False
+  chosen = set()
+  if plan is not None:
+    chosen = {plan.tables[t.name].exchange for t in group.tables
+              if t.name in plan.tables and plan.tables[t.name].exchange}
+  if chosen:
+    return chosen == {"partial sums"}
+  return features_pool_partials(configs, group.num_shards)
 
 
-def of_tables(exchange, groups, feature_configs, tables):
+def of_tables(exchange, groups, feature_configs, tables, plan=None):
   """Table name -> "partial sums", "rows" or "none" (one replica,
   replicated tables, or an engine's), for a lookup's `groups` of `tables`
-  (name -> table) and its `feature_configs` (name -> FeatureConfig)."""
+  (name -> table), its `feature_configs` (name -> FeatureConfig) and its
+  sharding `plan`."""
   whole = {part.name: name for name, table in tables.items()
            for part in getattr(table, "slices", [table])}
   kinds = {}
@@ -74,7 +95,7 @@ def of_tables(exchange, groups, feature_configs, tables):
     if isinstance(group, groups_lib.EngineGroup) or group.num_shards == 1:
       kind = "none"
     else:
-      kind = "partial sums" if pools_partials(exchange, group, configs) else "rows"
+      kind = "partial sums" if pools_partials(exchange, group, configs, plan) else "rows"
     for table in group.tables:
       # A column-wise table's slices may exchange in several groups.
       previous = kinds.setdefault(whole[table.name], kind)

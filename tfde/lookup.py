@@ -316,7 +316,8 @@ class ShardedLookup(tf.Module):
     (the pooled exchange) every id with its sample and coefficient."""
     comm = self.comm
     if exchange_kind.pools_partials(self.exchange, group,
-                                    [self.feature_configs[f.name] for f in features]):
+                                    [self.feature_configs[f.name] for f in features],
+                                    self.plan):
       # (Each exchange's name scope shows in graphs and profiles.)
       with tf.name_scope("partial_sums_exchange"):
         bags = routing.route_bags_to_owners(
@@ -388,7 +389,7 @@ class ShardedLookup(tf.Module):
     {'t': 'none'}
     """
     return exchange_kind.of_tables(self.exchange, self._groups, self.feature_configs,
-                                   self.tables)
+                                   self.tables, self.plan)
 
   def _compute_and_output_dist(self, step, training):
     """Stages 2 and 3: the owners read their rows, send them back, and each

@@ -49,7 +49,11 @@ width D on N replicas:
   many); 5 collective rounds in the forward, against the rows' 3. Fewer
   bytes where U is several times N S, more at many replicas or few ids
   per sample. Each table is judged by its own features, where the
-  lookup decides for all tables of its width together;
+  lookup decides for all tables of its width together. Once the layouts
+  are chosen, the planner estimates each width's row-wise tables both
+  ways and writes the faster into their layouts (`TableLayout.exchange`,
+  "partial sums" only where every table of the width may take them),
+  which the lookup follows in place of its rule for declared ids;
 - table_wise on replica o: every other replica sends o its U ids and
   gets U rows back; o serves N U rows and holds V D;
 - column_wise: table-wise per slice, each slice with its own width

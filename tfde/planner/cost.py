@@ -120,11 +120,12 @@ class TableStats:
     samples_per_replica: samples in one replica's batch.
     num_features: the features looking the table up (each pooled one
       makes its own output, and its own partial sums).
-    pools_partials: whether the table, row-wise, would exchange each
+    may_pool_partials: whether the table, row-wise, may exchange each
       owner's partial sums rather than rows (`tfde.exchange_kind`, judged
       from its own features: all pooled, no max_norm, float32 and static,
-      and, where they declare their ids per sample, 2N or more on
-      average).
+      under the lookup's exchange="auto").
+    pools_partials: whether it would without a plan's word: where its
+      features declare their ids per sample, 2N or more on average.
   """
 
   name: str
@@ -140,6 +141,7 @@ class TableStats:
   samples_per_replica: float = 0.0
   pools_partials: bool = False
   num_features: int = 1
+  may_pool_partials: bool = False
 
   @property
   def row_bytes(self):
@@ -162,16 +164,15 @@ def _to_numpy_ids(feature, value):
   return np.asarray(ids), np.asarray(splits)
 
 
-def _pools_partials(config, features, num_replicas, exchange):
-  """Whether a row-wise `config` (its `features`) would exchange partial
+def _may_pool_partials(config, features, num_replicas, exchange):
+  """Whether a row-wise `config` (its `features`) may exchange partial
   sums: `tfde.exchange_kind.pools_partials` for a group of this table
-  alone."""
-  if (exchange != "auto" or num_replicas == 1 or config.is_dynamic or
-      getattr(config, "dtype", "float32") != "float32" or
-      routing.sample_key_bits(math.ceil(config.vocabulary_size / num_replicas),
-                              num_replicas) is None):
-    return False
-  return exchange_kind.features_pool_partials(features, num_replicas)
+  alone, its rule for declared ids aside."""
+  return (exchange == "auto" and num_replicas > 1 and not config.is_dynamic and
+          getattr(config, "dtype", "float32") == "float32" and
+          routing.sample_key_bits(math.ceil(config.vocabulary_size / num_replicas),
+                                  num_replicas) is not None and
+          exchange_kind.features_may_pool(features))
 
 
 def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=None,
@@ -219,6 +220,7 @@ def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=No
       unique_replica = per_sample * per_replica_batch
       unique_global = unique_replica * num_replicas
       samples = per_replica_batch
+    may_pool = _may_pool_partials(config, features, num_replicas, exchange)
     if config.is_dynamic:
       rows = (config.dynamic.max_rows_per_shard or 0) * num_replicas or int(
           unique_global)
@@ -231,8 +233,9 @@ def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=No
                              unique_global, measured,
                              2 if getattr(config, "dtype", "float32") != "float32"
                              else FLOAT_BYTES, float(samples),
-                             _pools_partials(config, features, num_replicas, exchange),
-                             len(features))
+                             may_pool and exchange_kind.features_pool_partials(
+                                 features, num_replicas),
+                             len(features), may_pool)
   return stats
 
 
@@ -421,7 +424,8 @@ def layout_load(stats, layout, n, per_worker=None):
   u, ug = stats.unique_per_replica, stats.unique_global
   row = stats.width * FLOAT_BYTES
   cross = _cross_share(n, per_worker)
-  if layout.kind == "row_wise" and stats.pools_partials and n > 1:
+  if layout.kind == "row_wise" and n > 1 and (
+      layout.exchange == "partial sums" if layout.exchange else stats.pools_partials):
     return _pooled_row_wise_load(stats, n, cross)
   if layout.kind == "row_wise":
     load = _Load(n)

@@ -9,6 +9,8 @@ from typing import Dict, List, Optional
 import numpy as np
 
 KINDS = ("row_wise", "table_wise", "column_wise", "replicated", "table_row_wise")
+# What a row-wise width's tables exchange (`tfde.exchange_kind`).
+EXCHANGES = ("partial sums", "rows")
 ID_BYTES = 8
 FLOAT_BYTES = 4
 
@@ -28,6 +30,11 @@ class TableLayout:
       replicas its rows are spread over for table_row_wise.
     column_widths: the slices' widths (column_wise only), summing to the
       table's width.
+    exchange: (row_wise only) "partial sums" or "rows": what the tables
+      of its width exchange between the replicas, as the planner chose
+      from its estimate (`tfde.exchange_kind`); the lookup takes the
+      partial sums only where every table of the width says so, and
+      only under its `exchange="auto"`. None: the lookup's own rule.
     estimate: the planner's figures for the table (bytes per replica,
       ids and bytes exchanged per step, ...), for reports; not needed to
       apply the layout.
@@ -37,6 +44,7 @@ class TableLayout:
   owners: List[int]
   column_widths: Optional[List[int]] = None
   estimate: Optional[Dict[str, object]] = None
+  exchange: Optional[str] = None
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -58,6 +66,13 @@ class TableLayout:
     elif self.column_widths is not None:
       raise ValueError(f"column_widths apply to column_wise layouts only, not "
                        f"{self.kind!r}")
+    if self.exchange is not None:
+      if self.exchange not in EXCHANGES:
+        raise ValueError(f"TableLayout.exchange must be one of {EXCHANGES} or None, "
+                         f"got {self.exchange!r}")
+      if self.kind != "row_wise":
+        raise ValueError(f"an exchange is chosen for row_wise layouts only, not "
+                         f"{self.kind!r}")
 
   def get_config(self):
     return dataclasses.asdict(self)
@@ -142,6 +157,8 @@ class ShardingPlan:
                 else ",".join(map(str, layout.owners)))
       if layout.column_widths:
         owners += " w" + "/".join(map(str, layout.column_widths))
+      if layout.exchange:
+        owners += " (sums)" if layout.exchange == "partial sums" else " (rows)"
       shape = f"{e.get('rows', '?')} x {e.get('width', '?')}"
       held = max(e.get("bytes_per_replica", [0]))
       lines.append(f"{name:<20} {layout.kind:<14} {shape:>16} {owners:<16} "

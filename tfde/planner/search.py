@@ -2,6 +2,7 @@
 estimated step under each replica's memory (`plan`), and the uniform
 layouts it is compared with (`simple_plan`)."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -148,6 +149,8 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
     layouts[name] = (option, delta)
   layouts, load = _improve(layouts, load, stats, configs, num_replicas, budget, cost,
                            order, replicas_per_worker)
+  layouts, load = _choose_exchanges(layouts, load, stats, num_replicas, cost,
+                                    replicas_per_worker)
   for name, (option, delta) in layouts.items():
     option.estimate = _table_estimate(stats[name], delta)
   layouts = {name: option for name, (option, _) in layouts.items()}
@@ -207,6 +210,41 @@ def _improve(layouts, load, stats, configs, n, budget, cost, order, per_worker=N
     seconds, other, other_load = min(uniform, key=lambda u: u[0])
     if seconds <= load.seconds(cost) * (1 + MARGIN):
       return other, other_load
+  return layouts, load
+
+
+def _choose_exchanges(layouts, load, stats, n, cost, per_worker=None):
+  """Per exchange group (a width's sharded tables) with row-wise tables:
+  the exchange its row-wise tables take (`TableLayout.exchange`), partial
+  sums where every table of the group is row-wise and may take them and
+  they are estimated faster, else rows. The lookup follows it. One
+  replica exchanges nothing: no choice."""
+  if n == 1:
+    return layouts, load
+  members = {}
+  for name, (_, delta) in layouts.items():
+    for key in list(delta.sharded_groups) + list(delta.pooled_groups):
+      members.setdefault(key, []).append(name)
+  for names in members.values():
+    row_wise = [t for t in names if layouts[t][0].kind == "row_wise"]
+    if not row_wise:
+      continue
+    options = ["rows"]
+    if len(row_wise) == len(names) and all(stats[t].may_pool_partials for t in names):
+      options.append("partial sums")
+    best = None
+    for option in options:
+      trial, chosen = load.copy(), {}
+      for t in row_wise:
+        layout = dataclasses.replace(layouts[t][0], exchange=option)
+        chosen[t] = (layout, layout_load(stats[t], layout, n, per_worker))
+        trial.subtract(layouts[t][1])
+        trial.add(chosen[t][1])
+      seconds = trial.seconds(cost)
+      if best is None or seconds < best[0] * (1 - 1e-9):
+        best = (seconds, chosen, trial)
+    _, chosen, load = best
+    layouts.update(chosen)
   return layouts, load
 
 
