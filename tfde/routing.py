@@ -121,7 +121,8 @@ class RoutedBags:
       row_splits[b + 1]]` are sample b's rows here. Replica r's samples
       follow replica r - 1's.
     weights: each requested row's coefficient in its sample's sum (its
-      weight over the combiner's divisor).
+      weight over the combiner's divisor), or None where every one is 1
+      (an unweighted sum; they still travel).
     partials: the exchange of the partial sums, `[global samples, width]`
       on each owner, back to the replicas whose samples they are.
     plan: the exchange of the ids (`requested` arrived by it).
@@ -208,12 +209,20 @@ def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=No
   # where it has none and sums): every graph of a lookup (training,
   # evaluation, with weights or without) makes the same collectives, which
   # the workers of a multi-process run name by their call order.
-  if weights is None and combiner == "sum":
+  unit = weights is None and combiner == "sum"
+  if unit:
     grouped = tf.ones(tf.shape(local_keyed), tf.float32)
   else:
     coefficients = ops.combine_coefficients(splits, weights, tf.size(fused_ids), combiner)[1]
     grouped = tf.scatter_nd(positions[:, None], coefficients, tf.shape(coefficients))
   coefficients = comm.all_to_all(grouped, plan)
+  if unit:
+    # Every replica runs this same graph, so each owner knows the ones it
+    # receives: it combines without them (a plain sum, x * 1 being x: the
+    # same bits, with no product per id), once they have arrived.
+    with tf.control_dependencies([coefficients]):
+      requested = tf.identity(requested)
+    coefficients = None
   # Each owner sends every replica its samples' rows of the partial sums:
   # counts every replica knows, so no exchange of counts.
   partials = comm_lib.ExchangePlan(every_samples, tf.fill(tf.shape(every_samples), samples),
