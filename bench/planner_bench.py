@@ -147,6 +147,12 @@ def plans(configs, ids, n, memory):
                                  cost_model=cost)
     if memory is None or max(simple.per_replica["bytes_held"]) <= memory:
       out["all " + kind] = simple
+  # Row-wise exchanging rows, where "all row_wise" takes the lookup's rule
+  # (partial sums for these undeclared features).
+  rows = planner.simple_plan(configs, n, "row_wise", sample_inputs=sample,
+                             cost_model=cost, exchange="rows")
+  if "all row_wise" in out and n > 1:
+    out["all row_wise, rows"] = rows
   return out
 
 

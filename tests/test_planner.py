@@ -27,18 +27,18 @@ def features(sizes, optimizer="adagrad", hotness=4, batch=1024):
 
 def test_memory_forces_row_wise():
   # Unlimited, two replicas replicate a mid-size table (no forward exchange);
-  # a budget below a whole copy leaves row-wise (exchanging rows), balanced,
-  # within budget. Exchanging partial sums (4 ids a sample at 2 replicas),
-  # two more collective rounds make row-wise dearer than two column
-  # slices, which hold as much.
+  # a budget below a whole copy leaves row-wise, balanced, within budget,
+  # exchanging rows: at 4 ids a sample the partial sums' two more
+  # collective rounds cost more than their bytes save (under "auto" the
+  # planner estimates both and writes its choice for the lookup).
   configs = features([(20_000, 8)])
   assert planner.plan(configs, 2).tables["t0"].kind == "replicated"
   whole = 20_000 * 8 * 4 * 2  # rows and Adagrad's accumulator
-  for exchange, kind in (("rows", "row_wise"), ("auto", "column_wise")):
+  for exchange in ("rows", "auto"):
     tight = planner.plan(configs, 2, memory_per_replica_bytes=whole // 2 + 100,
                          exchange=exchange)
     layout = tight.tables["t0"]
-    assert layout.kind == kind, exchange
+    assert (layout.kind, layout.exchange) == ("row_wise", "rows"), exchange
     assert layout.estimate["bytes_per_replica"] == [whole // 2] * 2
     assert tight.per_replica["bytes_held"] == [whole // 2] * 2
 
@@ -122,7 +122,7 @@ def test_hot_tables_spread_over_a_worker_each():
   over one worker (table-row-wise) halves the tables every replica holds
   and keeps the serving balanced; row-wise is estimated 14% slower,
   table-wise 2.8x. Exchanging partial sums (the default, 20 ids a
-  sample), row-wise sends 2.4x fewer bytes and beats it."""
+  sample), row-wise sends fewer bytes and is estimated faster."""
   configs = features([(1_000_000, 64), (1_000_000, 64)], optimizer="sgd",
                      hotness=20, batch=4096)
   cost = planner.CostModel(bandwidth_bytes_per_s=200e9,
@@ -138,11 +138,6 @@ def test_hot_tables_spread_over_a_worker_each():
   pooled = planner.plan(configs, 8, replicas_per_worker=4, cost_model=cost)
   assert {l.kind for l in pooled.tables.values()} == {"row_wise"}
   assert pooled.estimated_step_seconds < plan.estimated_step_seconds
-  row_wise = planner.simple_plan(configs, 8, "row_wise", cost_model=cost,
-                                 replicas_per_worker=4, exchange="rows")
-  def moved(p):
-    return sum(l.estimate["bytes_exchanged_per_step"] for l in p.tables.values())
-  assert 2.3 < moved(row_wise) / moved(pooled) < 2.5, (moved(row_wise), moved(pooled))
   # Not knowing the workers, it is not a candidate; a plan of it needs them.
   for exchange in ("rows", "auto"):
     assert {l.kind for l in planner.plan(configs, 8, cost_model=cost, exchange=exchange
@@ -208,8 +203,7 @@ def test_a_planned_lookup_equals_the_unplanned_one():
   # even its row-wise shard: the planner keeps room for the tables to come.
   plan = planner.plan(configs, 4, sample_inputs=sample, memory_per_replica_bytes=2600,
                       cost_model=planner.CostModel(min_column_width=2))
-  kinds = {l.kind for l in plan.tables.values()}
-  assert "replicated" in kinds and len(kinds & {"row_wise", "column_wise"}) == 1, kinds
+  assert {l.kind for l in plan.tables.values()} == {"row_wise", "replicated"}
   initial, outputs, final, _, _ = planned_run(mirrored(4), configs, batches, plan)
   want_outputs, want_tables = h.reference_run(configs, initial, batches)
   for f in h.FEATURES:
@@ -376,3 +370,47 @@ def test_the_plan_chooses_each_widths_exchange_and_the_lookup_takes_it():
   rows_plan = planner.plan(configs, n, sample_inputs=sample, exchange="rows",
                            memory_per_replica_bytes=budget, cost_model=cost)
   assert {l.exchange for l in rows_plan.tables.values()} == {"rows"}
+
+
+def test_the_exchange_chosen_is_one_the_lookups_group_can_take():
+  """The choice is per exchange group as the lookup stacks tables: a
+  bfloat16 table of the same width is a group of its own (it does not
+  force rows onto the float32 one); a width whose rows together leave no
+  room for the sample in an int64 id exchanges rows, though each table
+  alone would; ids per sample neither measured nor declared leave the
+  lookup's rule (no exchange written)."""
+  n, batch = 4, 4096
+
+  def feature(name, rows, width, hot=20, dtype="float32"):
+    return tfde.FeatureConfig(name=name, input_shape=(batch // n, hot),
+                              table=tfde.TableConfig(name=name, vocabulary_size=rows,
+                                                     embedding_dim=width, optimizer="sgd",
+                                                     dtype=dtype))
+
+  mixed = [feature("hot", 500_000, 16), feature("half", 300_000, 16, dtype="bfloat16")]
+  plan = planner.plan(mixed, n, memory_per_replica_bytes=12_000_000)
+  assert {t: (l.kind, l.exchange) for t, l in plan.tables.items()} == {
+      "hot": ("row_wise", "partial sums"), "half": ("row_wise", "rows")}, plan.tables
+  with mirrored(n).scope():
+    assert tfde.lookup.ShardedLookup(mixed, plan=plan).exchanges() == {
+        "hot": "partial sums", "half": "rows"}
+  # 4 x 2^29 rows of width 8 at 4 replicas: 2^29 rows a replica, 29 bits
+  # for the row and 4 x 2^29 = 2^31 for the sample's step; one alone fits.
+  from tfde import routing  # pylint: disable=g-import-not-at-top
+  huge = [feature(f"h{i}", 2**29, 8, hot=50) for i in range(4)]
+  assert routing.sample_key_bits(2**29 // n, n) is not None
+  assert routing.sample_key_bits(2**29, n) is None
+  plan = planner.plan(huge, n)
+  assert {(l.kind, l.exchange) for l in plan.tables.values()} == {("row_wise", "rows")}
+  one = planner.plan(huge[:1], n)
+  assert one.tables["h0"].exchange == "partial sums"
+  # Undeclared (and no sample): the plan leaves the exchange to the lookup.
+  undeclared = [tfde.FeatureConfig(name="u", table=tfde.TableConfig(
+      name="u", vocabulary_size=500_000, embedding_dim=16, optimizer="sgd"))]
+  plan = planner.plan(undeclared, n, memory_per_replica_bytes=9_000_000,
+                      cost_model=planner.CostModel(min_column_width=64))
+  assert (plan.tables["u"].kind, plan.tables["u"].exchange) == ("row_wise", None)
+  # A plan written before layouts named an exchange still loads.
+  old = json.loads(plan.to_json())
+  del old["tables"]["u"]["exchange"]
+  assert planner.ShardingPlan.from_config(old).tables["u"].exchange is None

@@ -18,8 +18,9 @@ mostly one-hot model trained about 8% slower with partial sums than
 exchanging rows). "auto" keeps the rows where every feature of a group
 declares its ids per sample (`FeatureConfig.input_shape`) and they
 average under 2N, and a sharding plan's choice (`TableLayout.exchange`,
-which `tfde.planner.plan` makes per width from its estimate of both on
-sample inputs) overrides that rule; table-wise, dynamic and reduced-precision groups always
+which `tfde.planner.plan` makes per exchange group from its estimate of
+both, from ids per sample measured on sample inputs or declared)
+overrides that rule; table-wise, dynamic and reduced-precision groups always
 exchange so, and so do groups too large for the sample to ride in the
 ids' high bits (N * 2^ceil(log2(the group's rows on one replica)) at 2^31
 or more), and every table of a group (`table_stacking`: of one width, by

@@ -53,8 +53,9 @@ def job_features(config, data_path=None):
         sparse=[data_lib.SparseFeature(f.name, f.vocabulary_size, f.hotness)
                 for f in d.sparse_features],
         dense_features=0, samples=batch, zipf_alpha=d.zipf_alpha), seed=config.seed)
-  # Declared as `tfde train` declares them (from the whole data there):
-  # the layer picks its exchange by them, and the planner estimates it.
+  # Declared as `tfde train` declares them (there the most over the
+  # whole data, here over this batch): the layer picks its exchange by
+  # them, and the planner estimates it.
   by_name = model.feature_configs(config, sample.vocabulary, model.most_ids_per_sample(
       sample.features, sample.vocabulary))
   features, inputs = [by_name[name] for name in sorted(by_name)], {}

@@ -49,11 +49,14 @@ width D on N replicas:
   many); 5 collective rounds in the forward, against the rows' 3. Fewer
   bytes where U is several times N S, more at many replicas or few ids
   per sample. Each table is judged by its own features, where the
-  lookup decides for all tables of its width together. Once the layouts
-  are chosen, the planner estimates each width's row-wise tables both
-  ways and writes the faster into their layouts (`TableLayout.exchange`,
-  "partial sums" only where every table of the width may take them),
-  which the lookup follows in place of its rule for declared ids;
+  lookup decides for all tables of its exchange group together (a
+  width; reduced-precision rows apart). Where a table's ids per sample
+  are measured or declared, the search prices both exchanges, and once
+  the layouts are chosen each group's row-wise tables get the faster
+  (`TableLayout.exchange`; "partial sums" only where every table of the
+  group is row-wise, may take them, and the group's rows leave room for
+  the sample in the ids), which the lookup follows in place of its rule
+  for declared ids; otherwise the layouts leave the lookup its rule;
 - table_wise on replica o: every other replica sends o its U ids and
   gets U rows back; o serves N U rows and holds V D;
 - column_wise: table-wise per slice, each slice with its own width

@@ -126,6 +126,8 @@ class TableStats:
       under the lookup's exchange="auto").
     pools_partials: whether it would without a plan's word: where its
       features declare their ids per sample, 2N or more on average.
+    ids_known: its ids per sample were measured, or every feature declares
+      them: what the planner needs to choose its exchange.
   """
 
   name: str
@@ -142,6 +144,7 @@ class TableStats:
   pools_partials: bool = False
   num_features: int = 1
   may_pool_partials: bool = False
+  ids_known: bool = False
 
   @property
   def row_bytes(self):
@@ -211,9 +214,7 @@ def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=No
       unique_global *= scale
       samples = (batch if batch_size is None else batch_size) / num_replicas
     else:
-      per_sample = float(sum(
-          (f.input_shape[1] if f.input_shape and len(f.input_shape) > 1 and
-           f.input_shape[1] else 1) for f in features))
+      per_sample = float(sum(f.declared_ids_per_sample() or 1 for f in features))
       per_replica_batch = (batch_size / num_replicas if batch_size else
                            next((f.input_shape[0] for f in features
                                  if f.input_shape and f.input_shape[0]), 1024))
@@ -235,7 +236,9 @@ def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=No
                              else FLOAT_BYTES, float(samples),
                              may_pool and exchange_kind.features_pool_partials(
                                  features, num_replicas),
-                             len(features), may_pool)
+                             len(features), may_pool,
+                             measured or all(f.declared_ids_per_sample() is not None
+                                             for f in features))
   return stats
 
 
@@ -320,6 +323,16 @@ class _Load:
             self.compute_seconds(cost))
 
 
+def group_key(stats, width=None):
+  """The exchange group a table (or a column slice of `width`) joins, as
+  the lookup stacks tables: by width, reduced-precision rows apart, each
+  dynamic table alone."""
+  if stats.dynamic:
+    return ("dynamic", stats.name)
+  width = stats.width if width is None else width
+  return width if stats.element_bytes == FLOAT_BYTES else (width, stats.element_bytes)
+
+
 def _worker(replica, per_worker):
   return 0 if per_worker is None else replica // per_worker
 
@@ -330,7 +343,7 @@ def _cross_share(n, per_worker):
   return 0.0 if per_worker is None or n == 1 else (n - per_worker) / (n - 1)
 
 
-def _slice_load(stats, n, owner, width, group_key, per_worker=None):
+def _slice_load(stats, n, owner, width, key, per_worker=None):
   """The load of `width` columns of a table held whole by `owner`."""
   load = _Load(n)
   elsewhere = 0 if per_worker is None else n - per_worker
@@ -353,7 +366,7 @@ def _slice_load(stats, n, owner, width, group_key, per_worker=None):
       if _worker(r, per_worker) != _worker(owner, per_worker):
         load.forward_cross[r] += u * (ID_BYTES + row)
         load.backward_cross[r] += u * row
-  load.sharded_groups[group_key] += 1
+  load.sharded_groups[key] += 1
   return load
 
 
@@ -383,7 +396,7 @@ def _row_split_load(stats, n, owners, per_worker=None):
     load.compute[o] += n * share * row + ug / k * row * (1 + stats.slots) * 2
     load.memory[o] += math.ceil(stats.rows / k) * stats.row_bytes
     load.tables[o] += 1
-  load.sharded_groups[stats.width] += 1
+  load.sharded_groups[group_key(stats)] += 1
   return load
 
 
@@ -414,7 +427,7 @@ def _pooled_row_wise_load(stats, n, cross):
   load.forward_cross += cross * load.forward
   load.backward_cross += cross * load.backward
   load.tables += 1
-  load.pooled_groups[stats.width] += 1
+  load.pooled_groups[group_key(stats)] += 1
   return load
 
 
@@ -438,7 +451,7 @@ def layout_load(stats, layout, n, per_worker=None):
     load.forward_cross += cross * load.forward
     load.backward_cross += cross * load.backward
     load.tables += 1
-    load.sharded_groups[("dynamic", stats.name) if stats.dynamic else stats.width] += 1
+    load.sharded_groups[group_key(stats)] += 1
     return load
   if layout.kind == "replicated":
     load = _Load(n)
@@ -448,13 +461,13 @@ def layout_load(stats, layout, n, per_worker=None):
     load.ids += (n - 1) * u
     load.backward_cross += cross * load.backward
     load.tables += 1
-    load.replicated_groups[stats.width] += 1
+    load.replicated_groups[group_key(stats)] += 1
     return load
   if layout.kind == "table_row_wise":
     return _row_split_load(stats, n, layout.owners, per_worker)
   widths = layout.column_widths or [stats.width]
   load = _Load(n)
   for owner, width in zip(layout.owners, widths):
-    key = ("dynamic", stats.name) if stats.dynamic else width
+    key = group_key(stats, width)
     load.add(_slice_load(stats, n, owner, width, key, per_worker))
   return load

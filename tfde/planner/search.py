@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from tfde import routing
 from tfde.planner.layout import ShardingPlan, TableLayout
 from tfde.planner.cost import CostModel, _Load, _table_configs, layout_load, table_stats
 
@@ -16,7 +17,13 @@ def _candidates(stats, config, n, load, cost, per_worker=None):
   everyone = list(range(n))
   if config.placement == "default_device" and not config.is_dynamic:
     return [TableLayout("replicated", everyone)]
-  options = [TableLayout("row_wise", everyone)]
+  if n > 1 and stats.may_pool_partials and stats.ids_known:
+    # Both exchanges, each estimated (`_choose_exchanges` then settles one
+    # per exchange group).
+    options = [TableLayout("row_wise", everyone, exchange=e)
+               for e in ("rows", "partial sums")]
+  else:
+    options = [TableLayout("row_wise", everyone)]
   if n == 1:
     return options
   if not config.is_dynamic:
@@ -214,11 +221,15 @@ def _improve(layouts, load, stats, configs, n, budget, cost, order, per_worker=N
 
 
 def _choose_exchanges(layouts, load, stats, n, cost, per_worker=None):
-  """Per exchange group (a width's sharded tables) with row-wise tables:
-  the exchange its row-wise tables take (`TableLayout.exchange`), partial
-  sums where every table of the group is row-wise and may take them and
-  they are estimated faster, else rows. The lookup follows it. One
-  replica exchanges nothing: no choice."""
+  """Per exchange group (`cost.group_key`: a width's sharded tables) with
+  row-wise tables: the exchange its row-wise tables take
+  (`TableLayout.exchange`), partial sums where every table of the group is
+  row-wise and may take them, the group's rows leave room for the sample
+  in the ids (`routing.sample_key_bits`), and they are estimated faster;
+  else rows. The lookup follows it. Where a table's ids per sample are
+  neither measured nor declared, the group's tables say nothing (None:
+  the lookup's own rule, as estimated). One replica exchanges nothing: no
+  choice."""
   if n == 1:
     return layouts, load
   members = {}
@@ -229,9 +240,15 @@ def _choose_exchanges(layouts, load, stats, n, cost, per_worker=None):
     row_wise = [t for t in names if layouts[t][0].kind == "row_wise"]
     if not row_wise:
       continue
-    options = ["rows"]
-    if len(row_wise) == len(names) and all(stats[t].may_pool_partials for t in names):
-      options.append("partial sums")
+    if not all(stats[t].ids_known for t in names):
+      options = [None]
+    else:
+      options = ["rows"]
+      rows_here = sum(math.ceil(stats[t].rows / n) for t in names)
+      if (len(row_wise) == len(names) and
+          all(stats[t].may_pool_partials for t in names) and
+          routing.sample_key_bits(rows_here, n) is not None):
+        options.append("partial sums")
     best = None
     for option in options:
       trial, chosen = load.copy(), {}
@@ -303,7 +320,10 @@ def simple_plan(feature_configs, num_replicas, kind, sample_inputs=None,
   """Every table row-wise, replicated, table-wise (each on the least
   loaded replica so far, largest first) or table-row-wise (each over the
   least loaded worker's replicas; needs `replicas_per_worker`), with the
-  same estimates as `plan`: the baselines a plan is compared with."""
+  same estimates as `plan`: the baselines a plan is compared with.
+  Row-wise tables exchange what the lookup's rule gives them (estimated
+  per table), or rows where `exchange="rows"` (which their layouts then
+  say); no choice between the two."""
   _check_workers(num_replicas, replicas_per_worker)
   if kind == "table_row_wise" and replicas_per_worker is None:
     raise ValueError("a table_row_wise plan needs replicas_per_worker")
@@ -316,6 +336,8 @@ def simple_plan(feature_configs, num_replicas, kind, sample_inputs=None,
   for name in sorted(layouts):
     layout, delta = layouts[name]
     layout.estimate = _table_estimate(stats[name], delta)
+    if layout.kind == "row_wise" and num_replicas > 1 and exchange == "rows":
+      layout.exchange = "rows"  # for the lookup, whatever its own exchange
     tables[name] = layout
   return ShardingPlan(num_replicas=num_replicas, tables=tables,
                       replicas_per_worker=replicas_per_worker,
