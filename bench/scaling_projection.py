@@ -82,10 +82,12 @@ def check_against_this_machine():
   configs, ids = planner_bench.workload(48, 200_000)
   sample = {f: planner_bench.ragged(v, l) for f, (v, l) in ids.items()}
   for n in (2, 4):
-    plan = planner.simple_plan(configs, n, "row_wise", sample_inputs=sample)
-    estimated = sum(l.estimate["bytes_exchanged_per_step"] for l in plan.tables.values())
-    print(f"planner benchmark workload, N={n}, all row-wise: estimated "
-          f"{estimated / 1e6:.2f} MB sent per step")
+    for exchange in ("auto", "rows"):
+      plan = planner.simple_plan(configs, n, "row_wise", sample_inputs=sample,
+                                 exchange=exchange)
+      estimated = sum(l.estimate["bytes_exchanged_per_step"] for l in plan.tables.values())
+      print(f"planner benchmark workload, N={n}, all row-wise, exchange={exchange}: "
+            f"estimated {estimated / 1e6:.2f} MB sent per step")
 
 
 if __name__ == "__main__":
