@@ -377,8 +377,10 @@ def test_the_exchange_chosen_is_one_the_lookups_group_can_take():
   bfloat16 table of the same width is a group of its own (it does not
   force rows onto the float32 one); a width whose rows together leave no
   room for the sample in an int64 id exchanges rows, though each table
-  alone would; ids per sample neither measured nor declared leave the
-  lookup's rule (no exchange written)."""
+  alone would (and the planner finds a faster layout); ids per sample
+  neither measured nor declared get the lookup's rule for the group,
+  written; a plan exchanging rows is followed by a lookup left at
+  "auto"."""
   n, batch = 4, 4096
 
   def feature(name, rows, width, hot=20, dtype="float32"):
@@ -401,15 +403,35 @@ def test_the_exchange_chosen_is_one_the_lookups_group_can_take():
   assert routing.sample_key_bits(2**29 // n, n) is not None
   assert routing.sample_key_bits(2**29, n) is None
   plan = planner.plan(huge, n)
-  assert {(l.kind, l.exchange) for l in plan.tables.values()} == {("row_wise", "rows")}
+  assert all(l.exchange != "partial sums" for l in plan.tables.values()), plan.tables
+  rows_only = planner.plan(huge, n, exchange="rows")
+  assert plan.estimated_step_seconds <= rows_only.estimated_step_seconds
   one = planner.plan(huge[:1], n)
   assert one.tables["h0"].exchange == "partial sums"
-  # Undeclared (and no sample): the plan leaves the exchange to the lookup.
-  undeclared = [tfde.FeatureConfig(name="u", table=tfde.TableConfig(
-      name="u", vocabulary_size=500_000, embedding_dim=16, optimizer="sgd"))]
-  plan = planner.plan(undeclared, n, memory_per_replica_bytes=9_000_000,
-                      cost_model=planner.CostModel(min_column_width=64))
-  assert (plan.tables["u"].kind, plan.tables["u"].exchange) == ("row_wise", None)
+
+  # Neither measured nor declared, the plan writes the lookup's own rule
+  # for the group (partial sums: undeclared), and prices that; a declared
+  # one-hot table of the same width goes with its group, as in the lookup.
+  def undeclared(name, rows=500_000, hot=None):
+    return tfde.FeatureConfig(name=name, input_shape=None if hot is None else (None, hot),
+                              table=tfde.TableConfig(name=name, vocabulary_size=rows,
+                                                     embedding_dim=16, optimizer="sgd"))
+  group = [undeclared("u"), undeclared("one_hot", 400_000, hot=1)]
+  cost = planner.CostModel(min_column_width=64)
+  plan = planner.plan(group, n, memory_per_replica_bytes=16_000_000, cost_model=cost)
+  assert {t: (l.kind, l.exchange) for t, l in plan.tables.items()} == {
+      "u": ("row_wise", "partial sums"), "one_hot": ("row_wise", "partial sums")}
+  with mirrored(n).scope():
+    assert set(tfde.lookup.ShardedLookup(group).exchanges().values()) == {"partial sums"}
+  # Exchanging rows by the planner's word, a lookup left at "auto" follows.
+  small = [undeclared("s", 200_000)]
+  for planned in (planner.plan(small, n, exchange="rows",
+                               memory_per_replica_bytes=4_000_000, cost_model=cost),
+                  planner.simple_plan(small, n, "row_wise", exchange="rows")):
+    assert planned.tables["s"].exchange == "rows"
+    with mirrored(n).scope():
+      assert tfde.lookup.ShardedLookup(small, plan=planned).exchanges() == {"s": "rows"}
+      assert tfde.lookup.ShardedLookup(small).exchanges() == {"s": "partial sums"}
   # A plan written before layouts named an exchange still loads.
   old = json.loads(plan.to_json())
   del old["tables"]["u"]["exchange"]

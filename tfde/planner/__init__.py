@@ -56,7 +56,10 @@ width D on N replicas:
   (`TableLayout.exchange`; "partial sums" only where every table of the
   group is row-wise, may take them, and the group's rows leave room for
   the sample in the ids), which the lookup follows in place of its rule
-  for declared ids; otherwise the layouts leave the lookup its rule;
+  for declared ids; a second search with rows only is kept where it is
+  estimated faster (a greedy placement can settle in groups of partial
+  sums). Where some table's ids are neither, the groups get the lookup's
+  own rule, written and priced as such;
 - table_wise on replica o: every other replica sends o its U ids and
   gets U rows back; o serves N U rows and holds V D;
 - column_wise: table-wise per slice, each slice with its own width

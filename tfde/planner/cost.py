@@ -127,7 +127,9 @@ class TableStats:
     pools_partials: whether it would without a plan's word: where its
       features declare their ids per sample, 2N or more on average.
     ids_known: its ids per sample were measured, or every feature declares
-      them: what the planner needs to choose its exchange.
+      them (the most a sample, all taken as distinct: an upper bound):
+      what the planner needs to choose its exchange.
+    dtype: its rows' dtype (reduced-precision tables group apart).
   """
 
   name: str
@@ -145,6 +147,7 @@ class TableStats:
   num_features: int = 1
   may_pool_partials: bool = False
   ids_known: bool = False
+  dtype: str = "float32"
 
   @property
   def row_bytes(self):
@@ -238,7 +241,8 @@ def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=No
                                  features, num_replicas),
                              len(features), may_pool,
                              measured or all(f.declared_ids_per_sample() is not None
-                                             for f in features))
+                                             for f in features),
+                             getattr(config, "dtype", "float32"))
   return stats
 
 
@@ -330,7 +334,7 @@ def group_key(stats, width=None):
   if stats.dynamic:
     return ("dynamic", stats.name)
   width = stats.width if width is None else width
-  return width if stats.element_bytes == FLOAT_BYTES else (width, stats.element_bytes)
+  return width if stats.dtype == "float32" else (width, stats.dtype)
 
 
 def _worker(replica, per_worker):

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from tfde import exchange_kind
 from tfde import routing
 from tfde.planner.layout import ShardingPlan, TableLayout
 from tfde.planner.cost import CostModel, _Load, _table_configs, layout_load, table_stats
@@ -113,9 +114,43 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
     raise ValueError(f"memory_per_replica_bytes must be positive, got "
                      f"{memory_per_replica_bytes}")
   _check_workers(num_replicas, replicas_per_worker)
-  configs = {name: cfg for name, (cfg, _) in _table_configs(feature_configs).items()}
-  stats = table_stats(feature_configs, num_replicas, sample_inputs, batch_size, exchange)
+  tables = _table_configs(feature_configs)
+  configs = {name: cfg for name, (cfg, _) in tables.items()}
+  features_of = {name: features for name, (_, features) in tables.items()}
   budget = math.inf if memory_per_replica_bytes is None else memory_per_replica_bytes
+  searched = []
+  # Under "auto", where every table's ids per sample are measured or
+  # declared, also the search whose row-wise tables exchange rows only: a
+  # greedy placement offering both exchanges table by table can settle in
+  # groups of partial sums (or in groups that cannot take them) where rows
+  # would be faster; the faster plan is kept. (Not on guessed ids: the
+  # lookup's own rule stands there.)
+  for each in dict.fromkeys([exchange, "rows"]):
+    stats = table_stats(feature_configs, num_replicas, sample_inputs, batch_size, each)
+    if searched and not all(t.ids_known for t in stats.values()):
+      break
+    layouts, load = _search(stats, configs, num_replicas, budget, cost,
+                            replicas_per_worker, memory_per_replica_bytes)
+    layouts, load = _choose_exchanges(layouts, load, stats, features_of, num_replicas,
+                                      cost, replicas_per_worker)
+    searched.append((load.seconds(cost), stats, layouts, load))
+    if num_replicas == 1:
+      break
+  _, stats, layouts, load = min(searched, key=lambda s: s[0])
+  for name, (option, delta) in layouts.items():
+    option.estimate = _table_estimate(stats[name], delta)
+  layouts = {name: option for name, (option, _) in layouts.items()}
+  return ShardingPlan(
+      num_replicas=num_replicas, tables={n: layouts[n] for n in sorted(layouts)},
+      memory_per_replica_bytes=memory_per_replica_bytes,
+      replicas_per_worker=replicas_per_worker,
+      estimated_step_seconds=load.seconds(cost),
+      per_replica=_replica_estimate(load, cost))
+
+
+def _search(stats, configs, num_replicas, budget, cost, replicas_per_worker,
+            memory_per_replica_bytes):
+  """The greedy placement, then `_improve`'s moves: (layouts, load)."""
   order = sorted(stats, key=lambda t: (-stats[t].rows * stats[t].row_bytes, t))
   load = _Load(num_replicas)
   layouts = {}
@@ -154,19 +189,8 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
     _, option, delta = best
     load.add(delta)
     layouts[name] = (option, delta)
-  layouts, load = _improve(layouts, load, stats, configs, num_replicas, budget, cost,
-                           order, replicas_per_worker)
-  layouts, load = _choose_exchanges(layouts, load, stats, num_replicas, cost,
-                                    replicas_per_worker)
-  for name, (option, delta) in layouts.items():
-    option.estimate = _table_estimate(stats[name], delta)
-  layouts = {name: option for name, (option, _) in layouts.items()}
-  return ShardingPlan(
-      num_replicas=num_replicas, tables={n: layouts[n] for n in sorted(layouts)},
-      memory_per_replica_bytes=memory_per_replica_bytes,
-      replicas_per_worker=replicas_per_worker,
-      estimated_step_seconds=load.seconds(cost),
-      per_replica=_replica_estimate(load, cost))
+  return _improve(layouts, load, stats, configs, num_replicas, budget, cost,
+                  order, replicas_per_worker)
 
 
 # A move or a layout must beat the estimate by this much to be taken: the
@@ -220,16 +244,18 @@ def _improve(layouts, load, stats, configs, n, budget, cost, order, per_worker=N
   return layouts, load
 
 
-def _choose_exchanges(layouts, load, stats, n, cost, per_worker=None):
-  """Per exchange group (`cost.group_key`: a width's sharded tables) with
-  row-wise tables: the exchange its row-wise tables take
-  (`TableLayout.exchange`), partial sums where every table of the group is
-  row-wise and may take them, the group's rows leave room for the sample
-  in the ids (`routing.sample_key_bits`), and they are estimated faster;
-  else rows. The lookup follows it. Where a table's ids per sample are
-  neither measured nor declared, the group's tables say nothing (None:
-  the lookup's own rule, as estimated). One replica exchanges nothing: no
-  choice."""
+def _choose_exchanges(layouts, load, stats, features_of, n, cost, per_worker=None,
+                      choose=True):
+  """Writes, per exchange group (`cost.group_key`: a width's sharded
+  tables, as the lookup stacks them) with row-wise tables, the exchange
+  its row-wise tables take (`TableLayout.exchange`), priced as such, so
+  that the lookup builds what was estimated. Partial sums only where
+  every table of the group is row-wise and may take them and the group's
+  rows leave room for the sample in the ids (`routing.sample_key_bits`);
+  then, with `choose` and every table's ids per sample measured or
+  declared, the one estimated faster, else the lookup's own rule for the
+  group's features (`exchange_kind.features_pool_partials`). One replica
+  exchanges nothing: nothing written."""
   if n == 1:
     return layouts, load
   members = {}
@@ -240,15 +266,17 @@ def _choose_exchanges(layouts, load, stats, n, cost, per_worker=None):
     row_wise = [t for t in names if layouts[t][0].kind == "row_wise"]
     if not row_wise:
       continue
-    if not all(stats[t].ids_known for t in names):
-      options = [None]
-    else:
+    rows_here = sum(math.ceil(stats[t].rows / n) for t in names)
+    if not (len(row_wise) == len(names) and
+            all(stats[t].may_pool_partials for t in names) and
+            routing.sample_key_bits(rows_here, n) is not None):
       options = ["rows"]
-      rows_here = sum(math.ceil(stats[t].rows / n) for t in names)
-      if (len(row_wise) == len(names) and
-          all(stats[t].may_pool_partials for t in names) and
-          routing.sample_key_bits(rows_here, n) is not None):
-        options.append("partial sums")
+    elif choose and all(stats[t].ids_known for t in names):
+      options = ["rows", "partial sums"]
+    else:
+      features = [f for t in names for f in features_of[t]]
+      options = ["partial sums" if exchange_kind.features_pool_partials(features, n)
+                 else "rows"]
     best = None
     for option in options:
       trial, chosen = load.copy(), {}
@@ -321,9 +349,9 @@ def simple_plan(feature_configs, num_replicas, kind, sample_inputs=None,
   loaded replica so far, largest first) or table-row-wise (each over the
   least loaded worker's replicas; needs `replicas_per_worker`), with the
   same estimates as `plan`: the baselines a plan is compared with.
-  Row-wise tables exchange what the lookup's rule gives them (estimated
-  per table), or rows where `exchange="rows"` (which their layouts then
-  say); no choice between the two."""
+  Row-wise tables exchange what the lookup's rule gives each exchange
+  group under `exchange`, written in their layouts; no choice between
+  the two."""
   _check_workers(num_replicas, replicas_per_worker)
   if kind == "table_row_wise" and replicas_per_worker is None:
     raise ValueError("a table_row_wise plan needs replicas_per_worker")
@@ -332,12 +360,14 @@ def simple_plan(feature_configs, num_replicas, kind, sample_inputs=None,
   order = sorted(stats, key=lambda t: (-stats[t].rows * stats[t].row_bytes, t))
   layouts, load = _uniform(stats, None, num_replicas, kind, cost, order,
                            replicas_per_worker)
+  features_of = {name: features
+                 for name, (_, features) in _table_configs(feature_configs).items()}
+  layouts, load = _choose_exchanges(layouts, load, stats, features_of, num_replicas, cost,
+                                    replicas_per_worker, choose=False)
   tables = {}
   for name in sorted(layouts):
     layout, delta = layouts[name]
     layout.estimate = _table_estimate(stats[name], delta)
-    if layout.kind == "row_wise" and num_replicas > 1 and exchange == "rows":
-      layout.exchange = "rows"  # for the lookup, whatever its own exchange
     tables[name] = layout
   return ShardingPlan(num_replicas=num_replicas, tables=tables,
                       replicas_per_worker=replicas_per_worker,
