@@ -367,9 +367,10 @@ class FeatureConfig:
     product past the batch; 1 for (batch,)), or None where it does not.
 
     >>> t = TableConfig(name="t", vocabulary_size=8, embedding_dim=4)
-    >>> [FeatureConfig(name="f", table=t, input_shape=s).declared_ids_per_sample()
-    ...  for s in [None, (32,), (32, 5), (32, None), (32, 2, 3)]]
-    [None, 1, 5, None, 6]
+    >>> shapes = None, (32,), (32, 5), (32, None), (32, 2, 3)
+    >>> tuple(FeatureConfig(name="f", table=t, input_shape=s).declared_ids_per_sample()
+    ...       for s in shapes)
+    (None, 1, 5, None, 6)
     """
     shape = self.input_shape
     if shape is None or any(d is None for d in shape[1:]):
