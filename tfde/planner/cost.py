@@ -426,12 +426,18 @@ def _pooled_row_wise_load(stats, n, cross):
   load.backward += 2 * (n - 1) * outputs * row
   load.compute += 2 * n * outputs * row + (
       stats.unique_global / n * row * (1 + stats.slots) * 2)
-  load.memory += math.ceil(stats.rows / n) * stats.row_bytes
   load.ids += share * ids
+  load.pooled_groups[group_key(stats)] += 1
+  return _rows_spread_evenly(load, stats, n, cross)
+
+
+def _rows_spread_evenly(load, stats, n, cross):
+  """What both row-wise exchanges add alike: every replica holds 1/N of
+  the rows and their slots, and `cross` of its bytes go to other workers."""
+  load.memory += math.ceil(stats.rows / n) * stats.row_bytes
   load.forward_cross += cross * load.forward
   load.backward_cross += cross * load.backward
   load.tables += 1
-  load.pooled_groups[group_key(stats)] += 1
   return load
 
 
@@ -450,13 +456,9 @@ def layout_load(stats, layout, n, per_worker=None):
     load.forward += 2 * share * u * (ID_BYTES + row)
     load.backward += 2 * share * u * row
     load.compute += u * row + ug / n * row * (1 + stats.slots) * 2
-    load.memory += math.ceil(stats.rows / n) * stats.row_bytes
     load.ids += share * u
-    load.forward_cross += cross * load.forward
-    load.backward_cross += cross * load.backward
-    load.tables += 1
     load.sharded_groups[group_key(stats)] += 1
-    return load
+    return _rows_spread_evenly(load, stats, n, cross)
   if layout.kind == "replicated":
     load = _Load(n)
     load.backward += 2 * (n - 1) * u * (ID_BYTES + row)
