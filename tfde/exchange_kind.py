@@ -49,8 +49,7 @@ def features_pool_partials(configs, num_shards):
   """The features' side of the choice: whether `configs` (`FeatureConfig`s
   of one group's tables) looked up at `num_shards` owners would take the
   partial sums under "auto", the group allowing it (`pools_partials`) and
-  no sharding plan choosing. The planner asks it for a row-wise table
-  alone."""
+  no sharding plan choosing. The planner asks it too (`tfde.planner`)."""
   if not features_may_pool(configs):
     return False
   # The partial sums move fewer bytes (and the step runs faster) only
@@ -67,9 +66,8 @@ def pools_partials(exchange, group, configs, plan=None):
   """Whether `group`, looked up for the `FeatureConfig`s `configs`, takes
   the exchange of partial sums under the lookup's `exchange`. A sharding
   `plan` whose layouts of the group's tables choose an exchange
-  (`TableLayout.exchange`, from the planner's estimate on sample inputs)
-  decides in place of the declared ids: partial sums where every one
-  says so."""
+  (`TableLayout.exchange`, `tfde.planner.plan`'s) decides in place of
+  the declared ids: partial sums where every one says so."""
   if not (exchange == "auto" and group.pools_partials and features_may_pool(configs)):
     return False
   chosen = set()

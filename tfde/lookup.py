@@ -318,11 +318,9 @@ class ShardedLookup(tf.Module):
     if exchange_kind.pools_partials(self.exchange, group,
                                     [self.feature_configs[f.name] for f in features],
                                     self.plan):
-      # (Each exchange's name scope shows in graphs and profiles.)
-      with tf.name_scope("partial_sums_exchange"):
-        bags = routing.route_bags_to_owners(
-            comm, fused_ids, group_step.as_one_batch(features, combiners),
-            group.num_shards, group.row_space, stamp=group.step(comm.replica_id()))
+      bags = routing.route_bags_to_owners(
+          comm, fused_ids, group_step.as_one_batch(features, combiners), group.num_shards,
+          group.row_space, stamp=group.step(comm.replica_id()))
       # Each owner's step is then the fused step of one owner over the
       # global batch's bags of its rows; its backward dedups them.
       return group_step.GroupStep(
@@ -358,12 +356,11 @@ class ShardedLookup(tf.Module):
       unique, inverse = ops.unique_rows(fused_ids, group.row_space * group.num_shards,
                                         group.device(comm.replica_id()))
       counts = None
-    with tf.name_scope("rows_exchange"):
-      routed = routing.route_to_owners(
-          comm, unique, inverse, group.num_shards, counts=counts,
-          dynamic=group.routes_ids,
-          stamp=group.step(comm.replica_id()) if group.num_shards > 1 else None,
-          owner=group.owner)
+    routed = routing.route_to_owners(
+        comm, unique, inverse, group.num_shards, counts=counts,
+        dynamic=group.routes_ids,
+        stamp=group.step(comm.replica_id()) if group.num_shards > 1 else None,
+        owner=group.owner)
     return group_step.GroupStep(
         group=group, features=features, combiners=combiners,
         replica=comm.replica_id(), routed=routed,

@@ -13,6 +13,7 @@ partial sums of the samples back (`route_bags_to_owners`).
 """
 
 import dataclasses
+import functools
 
 import tensorflow as tf
 
@@ -38,6 +39,20 @@ class Routed:
   plan: object
 
 
+def _in_name_scope(name):
+  """Builds the decorated stage under `name`: each exchange shows in graphs
+  and profiles (`tests/test_sharded.py` checks the one built against
+  `exchanges()` by it)."""
+  def decorate(stage):
+    @functools.wraps(stage)
+    def scoped(*args, **kwargs):
+      with tf.name_scope(name):
+        return stage(*args, **kwargs)
+    return scoped
+  return decorate
+
+
+@_in_name_scope("rows_exchange")
 def route_to_owners(comm, unique, inverse, num_shards, counts=None, dynamic=False,
                     stamp=None, owner=None):
   """Stage 1, input distribution: the unique ids (with their counts, if
@@ -152,6 +167,7 @@ def sample_key_bits(row_space, num_shards):
   return bits if num_shards << bits < 2**31 else None
 
 
+@_in_name_scope("partial_sums_exchange")
 def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=None):
   """Stage 1 of the pooled exchange: every id of this replica's `batch`
   (row splits, weights, combiner over `fused_ids`) to its owner (`id mod
