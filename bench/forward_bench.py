@@ -13,6 +13,16 @@ ratio range):
 
   ShardedLookup   `tfde.lookup.ShardedLookup`, training=False and True
   layer           the Keras layer `tfde.layers.DistributedEmbedding`, the same
+  ..., RaggedTensor arguments
+                  (ragged forms) the lookup, training=False, called with
+                  `tf.RaggedTensor` arguments; the other systems take each
+                  ragged input's values and row splits, as torch takes
+                  values and offsets, and rebuild it in the function
+                  (what a tf.data iterator read inside the function, or
+                  Keras `fit`, hands the layer)
+  dispatch alone  (ragged forms) an empty `tf.function` called with the same
+                  `tf.RaggedTensor` arguments: what TensorFlow's call costs
+                  before any lookup
   export          `tfde.export_for_serving` of the layer, loaded back with
                   `tf.saved_model.load` (serves without tfde's ops), its
                   `serve` function; unweighted forms only (the layer's
@@ -45,6 +55,7 @@ from workload import parse_args, timed  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 COMBINERS = ("sum", "mean", "sqrtn")
+RAGGED_ARGUMENTS = "ShardedLookup training=False, RaggedTensor arguments"
 
 
 def forms(work, seed=0):
@@ -84,6 +95,25 @@ def tf_inputs(data, form, weighted):
   return ids, (weights if weighted else None)
 
 
+def as_arguments(values):
+  """`values` (a dict of tensors, or None) with each RaggedTensor as its
+  (values, row splits): plain tensors, as torch's forward takes values and
+  offsets."""
+  if values is None:
+    return None
+  return {k: (v.values, v.row_splits) if isinstance(v, tf.RaggedTensor) else v
+          for k, v in values.items()}
+
+
+def from_arguments(values):
+  """`as_arguments` undone inside a function: RaggedTensors again, built
+  without checks, as a tf.data iterator hands them over."""
+  if values is None:
+    return None
+  return {k: tf.RaggedTensor.from_row_splits(*v, validate=False) if isinstance(v, tuple) else v
+          for k, v in values.items()}
+
+
 def time_tfde(work, data, reps, export_dir):
   """{variant: {system: ms}} for tfde's systems."""
   results = {}
@@ -95,13 +125,22 @@ def time_tfde(work, data, reps, export_dir):
         ids, weights = tf_inputs(data, form, weighted)
         variant = f"{form} {combiner}{' weighted' if weighted else ''}"
         row = results.setdefault(variant, {})
-        # The inputs are arguments, as a real input arrives.
+        # The inputs are arguments, as a real input arrives; a ragged one
+        # as its tensors (as_arguments), whose call costs what a dense
+        # one's does. With RaggedTensor arguments TensorFlow's call itself
+        # costs more, whatever the function runs: timed apart below.
+        args = (as_arguments(ids), as_arguments(weights))
         for training in (False, True):
-          fn = tf.function(lambda i, w, training=training: lookup(i, w, training=training))
-          row[f"ShardedLookup training={training}"] = timed(
+          for system, module in (("ShardedLookup", lookup), ("layer", layer)):
+            fn = tf.function(lambda i, w, module=module, training=training: module(
+                from_arguments(i), from_arguments(w), training=training))
+            row[f"{system} training={training}"] = timed(lambda fn=fn: fn(*args), reps)
+        if form == "ragged":
+          fn = tf.function(lambda i, w: lookup(i, w, training=False))
+          row[RAGGED_ARGUMENTS] = timed(
               lambda fn=fn: fn(ids, weights), reps)
-          fn = tf.function(lambda i, w, training=training: layer(i, w, training=training))
-          row[f"layer training={training}"] = timed(lambda fn=fn: fn(ids, weights), reps)
+          fn = tf.function(lambda i, w: tf.constant(0.0))
+          row["dispatch alone"] = timed(lambda fn=fn: fn(ids, weights), reps)
         if not weighted:
           path = os.path.join(export_dir, "export")
           tfde.export_for_serving(layer, path, ids)
@@ -123,6 +162,13 @@ def time_torch(work, data, reps, tmp):
   return json.loads(out.strip().splitlines()[-1]) if out else {}
 
 
+def short(system):
+  """A column's heading: `system` in 15 characters."""
+  if system == RAGGED_ARGUMENTS:
+    return "lookup RT args"
+  return system.replace("ShardedLookup", "lookup").replace("training=", "tr=")
+
+
 def plot(results, torch, path):
   try:
     import matplotlib  # pylint: disable=g-import-not-at-top
@@ -132,13 +178,14 @@ def plot(results, torch, path):
     print("matplotlib missing: no plot")
     return
   variants = list(results)
-  systems = ["ShardedLookup training=False", "layer training=False", "export"]
+  systems = ["ShardedLookup training=False", "layer training=False", RAGGED_ARGUMENTS,
+             "export"]
   fig, ax = plt.subplots(figsize=(14, 4.5))
   width = 0.8 / (len(systems) + 1)
   x = np.arange(len(variants))
   for k, system in enumerate(systems):
     ax.bar(x + k * width, [results[v].get(system, np.nan) for v in variants], width,
-           label=f"tfde {system}")
+           label=f"tfde {short(system)}")
   ax.bar(x + len(systems) * width, [torch.get(v, np.nan) for v in variants], width,
          label="torch EmbeddingBag")
   ax.set_xticks(x + 0.4 - width / 2, variants, rotation=30, ha="right")
@@ -159,7 +206,7 @@ def run_tfde_round(work, data, args):
 
 
 def main():
-  args, work = parse_args(__doc__, reps=7, extra=[
+  args, work = parse_args(__doc__, reps=15, extra=[
       ("--rounds", dict(type=int, default=3,
                         help="rounds of tfde's timings then torch's; medians over them")),
       ("--tfde-round", dict(default=None,
@@ -191,11 +238,12 @@ def main():
              for variant, row in tfde_rounds[0].items()}
   torch = {variant: statistics.median(r[variant] for r in torch_rounds)
            for variant in torch_rounds[0]} if all(torch_rounds) else {}
-  systems = list(next(iter(results.values())))
+  systems = list(dict.fromkeys(s for row in results.values() for s in row))
   print(f"medians of {args.rounds} rounds; ratios with, in brackets, the lowest and highest "
         "of one round")
-  print(f"{'variant':<22}" + "".join(f"{s.replace('training=', 'tr='):>24}" for s in systems) +
-        f"{'torch':>8}   ratios to torch (lookup tr=False, layer tr=False, export)")
+  print(f"{'variant':<22}" + "".join(f"{short(s):>16}" for s in systems) +
+        f"{'torch':>8}   ratios to torch (lookup tr=False, layer tr=False, export; "
+        "lookup tr=False with RaggedTensor arguments)")
   for variant, row in results.items():
     t = torch.get(variant)
 
@@ -207,7 +255,9 @@ def main():
 
     ratios = ", ".join(ratio(s) for s in ("ShardedLookup training=False",
                                           "layer training=False", "export"))
-    print(f"{variant:<22}" + "".join(f"{row[s]:>24.1f}" if s in row else f"{'-':>24}"
+    if RAGGED_ARGUMENTS in row:
+      ratios += "; " + ratio(RAGGED_ARGUMENTS)
+    print(f"{variant:<22}" + "".join(f"{row[s]:>16.1f}" if s in row else f"{'-':>16}"
                                      for s in systems) +
           f"{t if t else float('nan'):>8.1f}   {ratios}")
   os.makedirs(RESULTS, exist_ok=True)
