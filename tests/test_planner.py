@@ -175,6 +175,21 @@ def test_sample_inputs_give_ids_per_sample_and_unique_ratios():
   assert stats["t0"].ids_per_sample == 1 and stats["t0"].unique_global == 2
 
 
+def test_the_rows_only_stats_are_the_measures_under_rows():
+  # plan() measures the sample inputs once and derives the rows-only
+  # search's stats (cost.exchanging_rows): they must be what measuring
+  # under exchange="rows" gives, for measured and declared ids.
+  configs = features([(1000, 8), (64, 16), (5000, 8)])
+  rng = np.random.default_rng(0)
+  sample = {"f0": tf.constant(rng.integers(0, 1000, (32, 6))),
+            "f1": tf.ragged.constant([[1, 2], [], [3]] * 8, tf.int64)}
+  for inputs in (sample, None):
+    auto = planner.table_stats(configs, 4, sample_inputs=inputs)
+    assert any(t.may_pool_partials for t in auto.values())  # else nothing is checked
+    assert planner.cost.exchanging_rows(auto) == planner.table_stats(
+        configs, 4, sample_inputs=inputs, exchange="rows")
+
+
 def test_plan_round_trips_and_is_checked():
   plan = planner.plan(features([(100, 8), (50_000, 16), (20_000, 64)]), 4)
   again = planner.ShardingPlan.from_json(plan.to_json())

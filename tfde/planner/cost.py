@@ -246,6 +246,21 @@ def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=No
   return stats
 
 
+def exchanging_rows(stats):
+  """`stats` (name -> TableStats) as `table_stats` gives them for a lookup
+  whose exchange is "rows": no table may exchange partial sums.
+
+  >>> from tfde.planner.cost import TableStats
+  >>> t = TableStats("t", 100, 8, 0.0, False, 2.0, 10.0, 20.0, False,
+  ...                pools_partials=True, may_pool_partials=True)
+  >>> rows = exchanging_rows({"t": t})["t"]
+  >>> print(rows.may_pool_partials, rows.pools_partials, rows.unique_global)
+  False False 20.0
+  """
+  return {name: dataclasses.replace(t, may_pool_partials=False, pools_partials=False)
+          for name, t in stats.items()}
+
+
 _LOAD_ARRAYS = ("forward", "backward", "forward_cross", "backward_cross", "compute",
                 "memory", "ids", "tables")
 

@@ -10,7 +10,8 @@ import numpy as np
 from tfde import exchange_kind
 from tfde import routing
 from tfde.planner.layout import ShardingPlan, TableLayout
-from tfde.planner.cost import CostModel, _Load, _table_configs, layout_load, table_stats
+from tfde.planner.cost import (CostModel, _Load, _table_configs, exchanging_rows, layout_load,
+                               table_stats)
 
 
 def _candidates(stats, config, n, load, cost, per_worker=None):
@@ -125,8 +126,11 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
   # groups of partial sums (or in groups that cannot take them) where rows
   # would be faster; the faster plan is kept. (Not on guessed ids: the
   # lookup's own rule stands there.)
+  measured = table_stats(feature_configs, num_replicas, sample_inputs, batch_size, exchange)
   for each in dict.fromkeys([exchange, "rows"]):
-    stats = table_stats(feature_configs, num_replicas, sample_inputs, batch_size, each)
+    # The sample inputs are measured once: the rows-only search's stats
+    # are the same measures under exchange="rows".
+    stats = measured if each == exchange else exchanging_rows(measured)
     if searched and not all(t.ids_known for t in stats.values()):
       break
     layouts, load = _search(stats, configs, num_replicas, budget, cost,
