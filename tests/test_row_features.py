@@ -882,3 +882,32 @@ def test_mismatched_weights_are_refused_inside_tf_function():
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match="weights do not have the same indices as the ids"):
     run(sparse, tf.SparseTensor([[0, 0], [1, 1]], [1.0, 2.0], [2, 2]))
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_weights_of_another_batch_or_length_name_the_feature(traced):
+  """Weights with another number of samples (ragged) or of ids (sparse)
+  than the ids get the check's own error, naming the feature and table,
+  eagerly and traced with static or unknown shapes; never a bare shape
+  error from comparing them."""
+  table = tfde.TableConfig(name="t", vocabulary_size=10, embedding_dim=2)
+  lookup = tfde.lookup.ShardedLookup({"f": tfde.FeatureConfig(name="f", table=table)})
+
+  def run(ids, weights):
+    return lookup({"f": ids}, {"f": weights})["f"]
+
+  ids = tf.ragged.constant([[1, 2], [3], [4]], tf.int64)
+  sparse = tf.SparseTensor([[0, 0], [1, 0], [1, 1]], tf.constant([1, 2, 3], tf.int64), [2, 2])
+  cases = [(ids, tf.ragged.constant([[1.0, 2.0], [3.0]]), "the same row lengths"),
+           (sparse, tf.SparseTensor([[0, 0], [1, 1]], [1.0, 2.0], [2, 2]), "the same indices")]
+  for given, weights, what in cases:
+    calls = [run]
+    if traced:  # with the shapes known when traced, and unknown
+      unknown = [tf.RaggedTensorSpec([None, None], x.dtype, ragged_rank=1)
+                 if isinstance(x, tf.RaggedTensor) else tf.SparseTensorSpec([None, 2], x.dtype)
+                 for x in (given, weights)]
+      calls = [tf.function(run), tf.function(run, input_signature=unknown)]
+    for call in calls:
+      with pytest.raises(tf.errors.InvalidArgumentError,
+                         match=rf"feature f \(table t\): weights do not have {what} as the ids"):
+        call(given, weights)

@@ -80,6 +80,23 @@ def _kind(value):
   return "dense"
 
 
+def _same_rows(a, b):
+  """Whether `a` and `b` (int tensors of one rank, rows along axis 0) are
+  equal: False, not a shape error naming neither feature nor table, where
+  their lengths differ, statically or not.
+
+  >>> print(bool(_same_rows(tf.constant([0, 2, 3]), tf.constant([0, 2]))))
+  False
+  """
+  if a.shape[0] is not None and b.shape[0] is not None:  # known when traced
+    return (tf.reduce_all(tf.equal(a, b)) if a.shape[0] == b.shape[0]
+            else tf.constant(False))
+  length_a, length_b = tf.shape(a)[0], tf.shape(b)[0]
+  common = tf.minimum(length_a, length_b)
+  return tf.logical_and(tf.equal(length_a, length_b),
+                        tf.reduce_all(tf.equal(a[:common], b[:common])))
+
+
 def flatten_feature(feature_name, table_name, inputs, weights=None, strings=False):
   """(ids int64 [n], row_splits int64 [B+1], weights float32 [n] or None).
 
@@ -102,7 +119,7 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
     w = None
     if weights is not None:
       guards = [checks.assert_that(
-          tf.reduce_all(tf.equal(tf.cast(weights.row_splits, tf.int64), splits)),
+          _same_rows(tf.cast(weights.row_splits, tf.int64), splits),
           f"{where}: weights do not have the same row lengths as the ids")]
       with tf.control_dependencies(guards):
         # identity: a cast to its own dtype makes no op for the guard to hold.
@@ -122,14 +139,9 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
     w = None
     if weights is not None:
       weights = tf.sparse.reorder(weights)
-      same = tf.logical_and(
-          tf.equal(tf.shape(weights.indices)[0], tf.shape(inputs.indices)[0]),
-          tf.reduce_all(tf.equal(tf.shape(weights.indices), tf.shape(inputs.indices))))
-      same = tf.cond(same, lambda: tf.reduce_all(tf.equal(weights.indices,
-                                                          inputs.indices)),
-                     lambda: tf.constant(False))
       guards = [checks.assert_that(
-          same, f"{where}: weights do not have the same indices as the ids")]
+          _same_rows(weights.indices, inputs.indices),
+          f"{where}: weights do not have the same indices as the ids")]
       with tf.control_dependencies(guards):
         # identity: a cast to its own dtype makes no op for the guard to hold.
         w = tf.identity(tf.cast(weights.values, tf.float32))
