@@ -97,6 +97,39 @@ def _same_rows(a, b):
                         tf.reduce_all(tf.equal(a[:common], b[:common])))
 
 
+def _float_weights(values, where):
+  """Weights' `values` as float32: floats of any width and integers are
+  cast (as for every input kind alike); any other dtype is a TypeError
+  naming the feature.
+
+  >>> _float_weights(tf.constant([1, 2]), "feature f (table t)").dtype.name
+  'float32'
+  """
+  if not (values.dtype.is_floating or values.dtype.is_integer):
+    raise TypeError(f"{where}: weights must be floats or integers, got "
+                    f"{values.dtype.name}")
+  return tf.cast(values, tf.float32)
+
+
+def _check_row_splits(splits, num_ids, where):
+  """A check (`checks.assert_that`) that `splits` are a ragged input's row
+  splits over `num_ids` ids: they start at 0, never decrease and end at
+  `num_ids`.
+
+  >>> _check_row_splits(tf.constant([1, 2], tf.int64), 2, "feature f (table t)")
+  Traceback (most recent call last):
+  ...
+  tensorflow.python.framework.errors_impl.InvalidArgumentError: feature f (table t): ragged ids have row splits that do not start at 0, never decrease and end at the number of ids
+  """
+  valid = tf.logical_and(
+      tf.logical_and(tf.size(splits) > 0, tf.reduce_all(tf.equal(splits[:1], 0))),
+      tf.logical_and(tf.reduce_all(tf.equal(splits[-1:], num_ids)),
+                     tf.reduce_all(splits[1:] >= splits[:-1])))
+  return checks.assert_that(
+      valid, f"{where}: ragged ids have row splits that do not start at 0, never "
+      "decrease and end at the number of ids")
+
+
 def flatten_feature(feature_name, table_name, inputs, weights=None, strings=False):
   """(ids int64 [n], row_splits int64 [B+1], weights float32 [n] or None).
 
@@ -116,14 +149,23 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
                        f"shape {inputs.shape}")
     ids = _check_ids_dtype(inputs.values, where, strings)
     splits = tf.cast(inputs.row_splits, tf.int64)
+    # A RaggedTensor built without validation (validate=False) may hold
+    # any splits; every later stage reads samples from them.
+    with tf.control_dependencies([_check_row_splits(splits, tf.size(ids, out_type=tf.int64),
+                                                    where)]):
+      ids, splits = tf.identity(ids), tf.identity(splits)
     w = None
     if weights is not None:
+      if weights.ragged_rank != 1 or weights.shape.rank != 2:
+        raise ValueError(f"{where}: ragged weights must be [batch, (hotness)] as the "
+                         f"ids are, got shape {weights.shape}")
+      values = _float_weights(weights.values, where)
       guards = [checks.assert_that(
           _same_rows(tf.cast(weights.row_splits, tf.int64), splits),
           f"{where}: weights do not have the same row lengths as the ids")]
       with tf.control_dependencies(guards):
         # identity: a cast to its own dtype makes no op for the guard to hold.
-        w = tf.identity(tf.cast(weights.values, tf.float32))
+        w = tf.identity(values)
     return ids, splits, w
   if isinstance(inputs, tf.SparseTensor):
     if inputs.shape.rank != 2:
@@ -132,19 +174,31 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
     inputs = tf.sparse.reorder(inputs)
     ids = _check_ids_dtype(inputs.values, where, strings)
     batch = inputs.dense_shape[0]
-    counts = tf.math.bincount(tf.cast(inputs.indices[:, 0], tf.int32),
-                              minlength=tf.cast(batch, tf.int32),
-                              maxlength=tf.cast(batch, tf.int32), dtype=tf.int64)
+    # Nothing checks a SparseTensor's indices against its shape where it is
+    # made; a row past the batch would drop its id from the counts.
+    inside = checks.assert_that(
+        tf.reduce_all(tf.logical_and(inputs.indices >= 0,
+                                     inputs.indices < inputs.dense_shape)),
+        f"{where}: sparse ids have an index outside their dense shape")
+    with tf.control_dependencies([inside]):
+      ids = tf.identity(ids)
+      counts = tf.math.bincount(tf.cast(inputs.indices[:, 0], tf.int32),
+                                minlength=tf.cast(batch, tf.int32),
+                                maxlength=tf.cast(batch, tf.int32), dtype=tf.int64)
     splits = tf.concat([[0], tf.cumsum(counts)], 0)
     w = None
     if weights is not None:
+      if weights.shape.rank != 2:
+        raise ValueError(f"{where}: sparse weights must be [batch, hotness] as the ids "
+                         f"are, got shape {weights.shape}")
       weights = tf.sparse.reorder(weights)
+      values = _float_weights(weights.values, where)
       guards = [checks.assert_that(
           _same_rows(weights.indices, inputs.indices),
           f"{where}: weights do not have the same indices as the ids")]
       with tf.control_dependencies(guards):
         # identity: a cast to its own dtype makes no op for the guard to hold.
-        w = tf.identity(tf.cast(weights.values, tf.float32))
+        w = tf.identity(values)
     return ids, splits, w
   inputs = tf.convert_to_tensor(inputs)
   ids = _check_ids_dtype(inputs, where, strings)
@@ -159,7 +213,7 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
   splits = tf.range(batch + 1, dtype=tf.int64) * hotness
   w = None
   if weights is not None:
-    weights = tf.convert_to_tensor(weights, tf.float32)
+    weights = _float_weights(tf.convert_to_tensor(weights), where)
     if weights.shape.rank is not None and weights.shape.rank != rank:
       raise ValueError(f"{where}: weights have shape {weights.shape} but the "
                        f"ids have shape {inputs.shape}")

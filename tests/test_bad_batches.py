@@ -1,0 +1,211 @@
+"""Malformed batches: a clear error naming the feature and table, eagerly
+and in a graph, at one replica and two, and no table changed; never a
+silent wrong result. (Out-of-range ids and mismatched weights shapes have
+their own tests in test_layers.py, test_row_features.py and
+test_forward_dedup.py.)"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfde
+from tests.test_sharded import distribute, mirrored
+
+
+def _tables(lookup):
+  """Every table's values (copies), by name."""
+  values = lookup.table_values()
+  return {name: ({k: np.array(v) for k, v in value.items()} if isinstance(value, dict)
+                 else np.array(value)) for name, value in values.items()}
+
+
+def _assert_unchanged(before, after):
+  for name, value in before.items():
+    if isinstance(value, dict):
+      for key in value:
+        np.testing.assert_array_equal(after[name][key], value[key], err_msg=f"{name}.{key}")
+    else:
+      np.testing.assert_array_equal(after[name], value, err_msg=name)
+
+
+def _two_tables(**lookup_kwargs):
+  sgd = tfde.optimizers.SGD(learning_rate=0.5)
+  return tfde.lookup.ShardedLookup(
+      {"a": tfde.FeatureConfig(name="a", table=tfde.TableConfig(
+          name="t1", vocabulary_size=10, embedding_dim=4, optimizer=sgd, combiner="mean")),
+       "b": tfde.FeatureConfig(name="b", table=tfde.TableConfig(
+           name="t2", vocabulary_size=20, embedding_dim=4, optimizer=sgd))},
+      **lookup_kwargs)
+
+
+def _train_step(lookup):
+  def step(a, b):
+    with tf.GradientTape() as tape:
+      out = lookup({"a": a, "b": b}, training=True)
+      loss = tf.reduce_sum(out["a"]) + tf.reduce_sum(out["b"])
+    tape.gradient(loss, lookup.trainable_variables)
+    return out["a"]
+  return step
+
+
+def _unchecked_ragged(values, splits):
+  return tf.RaggedTensor.from_row_splits(tf.constant(values, tf.int64),
+                                         tf.constant(splits, tf.int64), validate=False)
+
+
+BAD_SPLITS = {
+    "not starting at 0": ([1, 2, 3], [1, 2, 3]),
+    "decreasing": ([1, 2, 3], [0, 2, 1, 3]),
+    "ending past the ids": ([1, 2], [0, 1, 3]),
+    "ending before the ids": ([1, 2, 3], [0, 1, 2]),
+}
+SPLITS_ERROR = (r"feature a \(table t1\): ragged ids have row splits that do not start at 0, "
+                r"never decrease and end at the number of ids")
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("case", sorted(BAD_SPLITS))
+def test_malformed_row_splits_are_refused_at_one_replica(case, traced):
+  lookup = _two_tables()
+  before = _tables(lookup)
+  step = _train_step(lookup)
+  step = tf.function(step) if traced else step
+  with pytest.raises(tf.errors.InvalidArgumentError, match=SPLITS_ERROR):
+    step(_unchecked_ragged(*BAD_SPLITS[case]), tf.constant([[1, 2], [3, 4]], tf.int64))
+  _assert_unchanged(before, _tables(lookup))
+
+
+@pytest.mark.parametrize("exchange", ["auto", "rows"])
+def test_malformed_row_splits_on_one_of_two_replicas_are_refused(exchange):
+  # Sharded tables (nothing replicated), both tables in one exchange
+  # group: the partial sums' exchange used to read samples from such
+  # splits and return a wrong output without an error.
+  strategy = mirrored(2)
+  with strategy.scope():
+    lookup = _two_tables(auto_replicate_bytes=0, exchange=exchange)
+  before = _tables(lookup)
+  step = _train_step(lookup)
+  bad = _unchecked_ragged(*BAD_SPLITS["not starting at 0"])
+  good = tf.ragged.constant([[1, 2], [3]], tf.int64)
+  dense = tf.constant([[1, 2], [3, 4]], tf.int64)
+  for run in (lambda *a: strategy.run(step, args=a),
+              tf.function(lambda *a: strategy.run(step, args=a))):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=SPLITS_ERROR):
+      run(distribute(strategy, [bad, good]), distribute(strategy, [dense, dense]))
+    _assert_unchanged(before, _tables(lookup))
+  # And the next good step runs.
+  run(distribute(strategy, [good, good]), distribute(strategy, [dense, dense]))
+  assert not np.array_equal(_tables(lookup)["t1"], before["t1"])
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("indices", [[[0, 0], [2, 0]], [[-1, 0], [1, 0]], [[0, 0], [1, 2]]],
+                         ids=["row past the batch", "negative row", "column past the shape"])
+def test_sparse_ids_outside_their_dense_shape_are_refused(indices, traced):
+  lookup = _two_tables()
+  before = _tables(lookup)
+  step = _train_step(lookup)
+  step = tf.function(step) if traced else step
+  sparse = tf.SparseTensor(tf.constant(indices, tf.int64), tf.constant([1, 2], tf.int64), [2, 2])
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"feature a \(table t1\): sparse ids have an index outside their "
+                           r"dense shape"):
+    step(sparse, tf.constant([[1, 2], [3, 4]], tf.int64))
+  _assert_unchanged(before, _tables(lookup))
+
+
+def _dynamic_and_static():
+  return tfde.lookup.ShardedLookup(
+      {"user": tfde.FeatureConfig(name="user", table=tfde.TableConfig(
+          name="users", vocabulary_size=None, embedding_dim=4, optimizer="sgd",
+          dynamic=tfde.DynamicConfig())),
+       "item": tfde.FeatureConfig(name="item", table=tfde.TableConfig(
+           name="items", vocabulary_size=20, embedding_dim=4, optimizer="sgd"))})
+
+
+@pytest.mark.parametrize("bad_item", ["out of range", "malformed splits"])
+def test_a_failed_graph_step_admits_no_id_into_a_dynamic_table(bad_item):
+  # The dynamic table admits ids as its forward reads them; in a graph
+  # that read must wait for every feature's checks, or a step refused for
+  # another feature has already counted and admitted its ids.
+  lookup = _dynamic_and_static()
+  before = _tables(lookup)
+
+  @tf.function
+  def step(user, item):
+    with tf.GradientTape() as tape:
+      out = lookup({"user": user, "item": item}, training=True)
+      loss = tf.reduce_sum(out["user"]) + tf.reduce_sum(out["item"])
+    tape.gradient(loss, lookup.trainable_variables)
+
+  if bad_item == "out of range":
+    item, error = tf.ragged.constant([[1], [25]], tf.int64), "id 25 at position 1"
+  else:
+    item, error = _unchecked_ragged([1, 2], [1, 2, 2]), "ragged ids have row splits"
+  users = tf.ragged.constant([[7], [8]], tf.int64)
+  for _ in range(3):  # admit_after would count each failed step's sightings
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"feature item \(table items\): {error}"):
+      step(users, item)
+  _assert_unchanged(before, _tables(lookup))
+  assert _tables(lookup)["users"]["ids"].size == 0
+  step(users, tf.ragged.constant([[1], [2]], tf.int64))
+  assert sorted(_tables(lookup)["users"]["ids"].tolist()) == [7, 8]
+
+
+@pytest.mark.parametrize("kind", ["dense", "ragged", "sparse"])
+def test_weights_of_any_float_or_integer_dtype_count_as_float32(kind):
+  lookup = _two_tables()
+  ids = tf.constant([[1, 2], [3, 4]], tf.int64)
+  given = [[1.0, 3.0], [2.0, 4.0]]  # exact in every dtype tried
+
+  def as_kind(x):
+    if kind == "ragged":
+      return tf.RaggedTensor.from_tensor(x)
+    return tf.sparse.from_dense(x) if kind == "sparse" else x
+
+  want = lookup({"a": as_kind(ids), "b": ids}, {"a": as_kind(tf.constant(given))})["a"]
+  for dtype in (tf.float64, tf.float16, tf.int32, tf.int64):
+    weights = tf.cast(tf.constant(given), dtype)
+    for call in (lookup, tf.function(lookup)):
+      got = call({"a": as_kind(ids), "b": ids}, {"a": as_kind(weights)})["a"]
+      np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, err_msg=str(dtype))
+  # And numpy float64 weights of a dense input, traced too.
+  if kind == "dense":
+    got = tf.function(lookup)({"a": ids, "b": ids}, {"a": np.array(given)})["a"]
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["dense", "ragged", "sparse"])
+def test_weights_of_another_dtype_or_structure_name_the_feature(kind):
+  lookup = _two_tables()
+  ids = tf.constant([[1, 2], [3, 4]], tf.int64)
+  strings = tf.constant([["x", "y"], ["z", "w"]])
+  as_kind = {"dense": lambda x: x, "ragged": tf.RaggedTensor.from_tensor,
+             "sparse": tf.sparse.from_dense}[kind]
+  for call in (lookup, tf.function(lookup)):
+    with pytest.raises(TypeError,
+                       match=r"feature a \(table t1\): weights must be floats or integers, "
+                             r"got string"):
+      call({"a": as_kind(ids), "b": ids}, {"a": as_kind(strings)})
+  if kind == "ragged":
+    nested = tf.RaggedTensor.from_row_splits(
+        tf.ragged.constant([[1.0], [2.0], [3.0], [4.0]]), tf.constant([0, 2, 4], tf.int64))
+    with pytest.raises(ValueError, match=r"feature a \(table t1\): ragged weights must be "
+                                         r"\[batch, \(hotness\)\]"):
+      lookup({"a": as_kind(ids), "b": ids}, {"a": nested})
+  if kind == "sparse":
+    rank3 = tf.SparseTensor([[0, 0, 0], [1, 1, 0]], [1.0, 2.0], [2, 2, 1])
+    with pytest.raises(ValueError, match=r"feature a \(table t1\): sparse weights must be "
+                                         r"\[batch, hotness\]"):
+      lookup({"a": as_kind(ids), "b": ids}, {"a": rank3})
+
+
+def test_weights_not_a_dict_and_a_feature_given_as_none_are_named():
+  lookup = _two_tables()
+  ids = tf.constant([[1, 2], [3, 4]], tf.int64)
+  with pytest.raises(TypeError, match="weights must be a dict of feature name -> weights, "
+                                      "got list"):
+    lookup({"a": ids, "b": ids}, [tf.ones([2, 2])])
+  with pytest.raises(ValueError, match=r"feature a \(table t1\) is missing from the inputs"):
+    lookup({"a": None, "b": ids})
