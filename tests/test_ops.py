@@ -235,6 +235,40 @@ def test_check_id_range_in_a_graph_guards_what_reads_the_ids(op_backend):
     total(tf.constant([1, 2, 10], tf.int64))
 
 
+ROW_SPLITS_ERROR = (r"feature f \(table t\): ragged ids have row splits that do not start at "
+                    r"0, never decrease and end at the number of ids")
+
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("traced", [False, True])
+def test_check_row_splits_passes_splits_and_names_the_bad(op_backend, dtype, traced):
+  """Row splits pass when they start at 0, never decrease and end at the
+  ids (numpy's rule for a valid RaggedTensor); otherwise an error naming
+  the caller's feature and table, before what is held on the check reads
+  them. The kernel also says which split is bad."""
+  def checked_sum(splits, num_ids):
+    check = tfde.ops.check_row_splits(splits, num_ids, "feature f (table t)")
+    with tf.control_dependencies([check] if check is not None else []):
+      return tf.reduce_sum(tf.identity(splits))
+
+  run = tf.function(checked_sum) if traced else checked_sum
+  rng = np.random.default_rng(7)
+  for _ in range(5):
+    lengths = rng.integers(0, 4, int(rng.integers(0, 20)))
+    splits = np.concatenate([[0], np.cumsum(lengths)])
+    assert int(run(tf.constant(splits, dtype), tf.constant(int(splits[-1]), tf.int64))) == \
+        int(splits.sum())
+  detail = op_backend == tfde.ops.KERNELS
+  for splits, num_ids, why in (([1, 2, 3], 3, r"row_splits\[0\] = 1"),
+                               ([0, 2, 1, 3], 3, r"row_splits\[2\] = 1 < row_splits\[1\] = 2"),
+                               ([0, 1, 3], 2, r"row_splits\[2\] = 3 but there are 2 ids"),
+                               ([0, 1], 2, r"row_splits\[1\] = 1 but there are 2 ids"),
+                               ([], 0, "there are none")):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=ROW_SPLITS_ERROR + (": " + why if detail else "")):
+      run(tf.constant(splits, dtype), tf.constant(num_ids, tf.int64))
+
+
 # -------------------------------------------------------- update stamps
 
 

@@ -16,6 +16,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfde import ops
 from tfde.ops import checks
 from tfde.ops import reference
 
@@ -111,33 +112,17 @@ def _float_weights(values, where):
   return tf.cast(values, tf.float32)
 
 
-def _check_row_splits(splits, num_ids, where):
-  """A check (`checks.assert_that`) that `splits` are a ragged input's row
-  splits over `num_ids` ids: they start at 0, never decrease and end at
-  `num_ids`.
-
-  >>> _check_row_splits(tf.constant([1, 2], tf.int64), 2, "feature f (table t)")
-  Traceback (most recent call last):
-  ...
-  tensorflow.python.framework.errors_impl.InvalidArgumentError: feature f (table t): ragged ids have row splits that do not start at 0, never decrease and end at the number of ids
-  """
-  valid = tf.logical_and(
-      tf.logical_and(tf.size(splits) > 0, tf.reduce_all(tf.equal(splits[:1], 0))),
-      tf.logical_and(tf.reduce_all(tf.equal(splits[-1:], num_ids)),
-                     tf.reduce_all(splits[1:] >= splits[:-1])))
-  return checks.assert_that(
-      valid, f"{where}: ragged ids have row splits that do not start at 0, never "
-      "decrease and end at the number of ids")
-
-
-def flatten_feature(feature_name, table_name, inputs, weights=None, strings=False):
+def flatten_feature(feature_name, table_name, inputs, weights=None, strings=False,
+                    check_row_splits=reference.check_row_splits):
   """(ids int64 [n], row_splits int64 [B+1], weights float32 [n] or None).
 
   Dense inputs of rank 1 give one id per sample, rank 2 [batch, hotness]
   give `hotness` ids per sample; ragged inputs give their rows; sparse
   inputs [batch, hotness] give the ids present in each row. Weights must
   have the same kind and structure as the ids. With `strings` (a dynamic
-  table), tf.string ids become their `string_keys`.
+  table), tf.string ids become their `string_keys`. `check_row_splits`
+  checks a ragged input's splits: the stock twin by default, as a serving
+  export runs; `tfde.ops.check_row_splits` (its kernel) in training.
   """
   where = describe(feature_name, table_name)
   if weights is not None and _kind(weights) != _kind(inputs):
@@ -151,8 +136,8 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
     splits = tf.cast(inputs.row_splits, tf.int64)
     # A RaggedTensor built without validation (validate=False) may hold
     # any splits; every later stage reads samples from them.
-    with tf.control_dependencies([_check_row_splits(splits, tf.size(ids, out_type=tf.int64),
-                                                    where)]):
+    with tf.control_dependencies([check_row_splits(splits, tf.size(ids, out_type=tf.int64),
+                                                   where)]):
       ids, splits = tf.identity(ids), tf.identity(splits)
     w = None
     if weights is not None:
@@ -308,7 +293,8 @@ def flat_feature(feature, table, ids, weights):
   row splits and weights; a sequence feature unpooled (`unpool`)."""
   name = feature.name
   flat_ids, splits, flat_weights = flatten_feature(name, table.name, ids, weights,
-                                                   strings=table.is_dynamic)
+                                                   strings=table.is_dynamic,
+                                                   check_row_splits=ops.check_row_splits)
   length = output_splits = None
   if feature.output != "pooled":
     if flat_weights is not None:

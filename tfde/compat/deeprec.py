@@ -219,7 +219,8 @@ def group_embedding_lookup(params, ids, partition_strategy="mod", name=None):
 def _flatten(i, ids, weights, vocabulary_size):
   feature = f"sp_ids[{i}]"
   table = f"params[{i}]"
-  flat_ids, splits, w = inputs_lib.flatten_feature(feature, table, ids, weights)
+  flat_ids, splits, w = inputs_lib.flatten_feature(feature, table, ids, weights,
+                                                   check_row_splits=ops.check_row_splits)
   flat_ids = ops.check_id_range(flat_ids, vocabulary_size,
                                 inputs_lib.describe(feature, table))
   return flat_ids, splits, w

@@ -147,6 +147,24 @@ def check_id_range(ids, vocabulary_size, what):
   return _impl().check_id_range(ids, vocabulary_size, what)
 
 
+def check_row_splits(row_splits, num_ids, what):
+  """A check that `row_splits` (a vector) are a ragged input's over
+  `num_ids` ids: they start at 0, never decrease and end at `num_ids`;
+  else an InvalidArgumentError naming `what` (the feature and its table)
+  and, from the kernel, the first bad split. Eagerly it raises at once; in
+  a graph it is an op to hold what reads the splits on (as an Assert).
+
+  >>> _ = check_row_splits(tf.constant([0, 2, 3], tf.int64), 3, "feature f (table t)")
+  >>> try:
+  ...   check_row_splits(tf.constant([0, 2, 1], tf.int64), 1, "feature f (table t)")
+  ... except tf.errors.InvalidArgumentError as e:
+  ...   print("feature f (table t): ragged ids have row splits that do not start at 0" in
+  ...         e.message)
+  True
+  """
+  return _impl().check_row_splits(row_splits, num_ids, what)
+
+
 def stamp_rows(stamps, rows, step):
   """stamps[rows] = step: `stamps` an int64 vector variable (a table's
   record of each row's last update), every row in range, else an

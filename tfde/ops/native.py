@@ -88,6 +88,11 @@ def sorted_unique_by_hashing(ids, num_ids):
   return tf.gather(unique, order), tf.gather(rank, inverse)
 
 
+def check_row_splits(splits, num_ids, what):
+  return load().tfde_check_row_splits(index_tensor(splits, "row_splits"),
+                                      tf.cast(num_ids, tf.int64), what=what)
+
+
 def check_id_range(ids, vocabulary_size, what):
   return load().tfde_check_id_range(index_tensor(ids, "ids"),
                                     vocabulary_size=int(vocabulary_size), what=what)

@@ -102,6 +102,19 @@ def check_id_range(ids, vocabulary_size, what):
     return tf.identity(ids)
 
 
+def check_row_splits(splits, num_ids, what):
+  splits = index_tensor(splits, "row_splits")
+  checks = check_rank(splits, 1, f"{what}: row splits")
+  wide = tf.cast(splits, tf.int64)
+  valid = tf.logical_and(
+      tf.logical_and(tf.size(wide) > 0, tf.reduce_all(tf.equal(wide[:1], 0))),
+      tf.logical_and(tf.reduce_all(tf.equal(wide[-1:], tf.cast(num_ids, tf.int64))),
+                     tf.reduce_all(wide[1:] >= wide[:-1])))
+  with tf.control_dependencies(checks):
+    return assert_that(valid, what, ": ragged ids have row splits that do not start at 0, "
+                       "never decrease and end at the number of ids")
+
+
 def sorted_unique_in_range(ids, num_ids):
   ids = index_tensor(ids, "ids")
   checks = check_rank(ids, 1, "ids")
