@@ -4,8 +4,8 @@
 // otherwise an InvalidArgument that names the feature and table (the `what`
 // attribute) and the first bad split. No output: callers hold what reads
 // the splits on it, as on an Assert. One serial scan of the [batch + 1]
-// splits, where the pure-TF twin (tfde/ops/reference.py) builds four slices,
-// two comparisons, three reductions and an Assert per feature.
+// splits, where the pure-TF twin (tfde/ops/reference.py) builds four
+// slices, four comparisons, three reductions and an Assert per feature.
 //
 // The splits are read in host memory on every device (a GPU's are copied,
 // as an Assert's condition is): a batch's splits are small, and the check

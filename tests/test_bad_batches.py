@@ -153,27 +153,87 @@ def test_a_failed_graph_step_admits_no_id_into_a_dynamic_table(bad_item):
   assert sorted(_tables(lookup)["users"]["ids"].tolist()) == [7, 8]
 
 
+@pytest.mark.parametrize("bad_weights", ["other row lengths", "values past their splits"])
+def test_a_failed_graph_step_of_one_feature_admits_no_id(bad_weights):
+  # One feature alone: its ids wait for its own weights' check too.
+  lookup = tfde.lookup.ShardedLookup({"user": tfde.FeatureConfig(
+      name="user", table=tfde.TableConfig(name="users", vocabulary_size=None, embedding_dim=4,
+                                          optimizer="sgd", dynamic=tfde.DynamicConfig()))})
+
+  @tf.function
+  def step(user, weights):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(lookup({"user": user}, {"user": weights}, training=True)["user"])
+    tape.gradient(loss, lookup.trainable_variables)
+
+  users = tf.ragged.constant([[7, 9], [8]], tf.int64)
+  if bad_weights == "other row lengths":
+    weights = tf.ragged.constant([[1.0], [2.0, 3.0]])
+  else:  # four values, but splits that say three
+    weights = tf.RaggedTensor.from_row_splits(tf.constant([1.0, 2.0, 3.0, 4.0]),
+                                              tf.constant([0, 2, 3], tf.int64), validate=False)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"feature user \(table users\): weights do not have the same row "
+                           r"lengths as the ids"):
+    step(users, weights)
+  assert _tables(lookup)["users"]["ids"].size == 0
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_ragged_weights_with_values_past_their_splits_are_named(replicas):
+  strategy = mirrored(replicas)
+  with strategy.scope():
+    lookup = _two_tables(auto_replicate_bytes=0)
+  before = _tables(lookup)
+  ids = tf.ragged.constant([[1, 2], [3]], tf.int64)
+  weights = tf.RaggedTensor.from_row_splits(tf.constant([1.0, 2.0, 3.0, 4.0]),
+                                            tf.constant([0, 2, 3], tf.int64), validate=False)
+  dense = tf.constant([[1, 2], [3, 4]], tf.int64)
+
+  def step(a, w, b):
+    with tf.GradientTape() as tape:
+      out = lookup({"a": a, "b": b}, {"a": w}, training=True)
+      loss = tf.reduce_sum(out["a"]) + tf.reduce_sum(out["b"])
+    tape.gradient(loss, lookup.trainable_variables)
+
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"feature a \(table t1\): weights do not have the same row lengths"):
+    tf.function(lambda *a: strategy.run(step, args=a))(
+        *[distribute(strategy, [x] * replicas) for x in (ids, weights, dense)])
+  _assert_unchanged(before, _tables(lookup))
+
+
 @pytest.mark.parametrize("kind", ["dense", "ragged", "sparse"])
 def test_weights_of_any_float_or_integer_dtype_count_as_float32(kind):
   lookup = _two_tables()
-  ids = tf.constant([[1, 2], [3, 4]], tf.int64)
-  given = [[1.0, 3.0], [2.0, 4.0]]  # exact in every dtype tried
+  ids = np.array([[1, 2], [3, 4]])
+  rows = lookup.table_values()["t1"]
 
-  def as_kind(x):
+  def as_kind(x):  # every [b, j] present, the sparse ones too (a 0 weight stays)
+    x = tf.constant(x)
     if kind == "ragged":
       return tf.RaggedTensor.from_tensor(x)
-    return tf.sparse.from_dense(x) if kind == "sparse" else x
+    if kind == "sparse":
+      return tf.SparseTensor([[b, j] for b in range(2) for j in range(2)],
+                             tf.reshape(x, [-1]), [2, 2])
+    return x
 
-  want = lookup({"a": as_kind(ids), "b": ids}, {"a": as_kind(tf.constant(given))})["a"]
-  for dtype in (tf.float64, tf.float16, tf.int32, tf.int64):
-    weights = tf.cast(tf.constant(given), dtype)
+  def mean(weights):  # the mean combiner of table t1, in numpy
+    w = np.asarray(weights, np.float64)
+    return (w[..., None] * rows[ids]).sum(1) / w.sum(1)[:, None]
+
+  for dtype, given in ((np.float64, [[1.0, 3.0], [2.0, 4.0]]),
+                       (np.float16, [[1.0, 3.0], [2.0, 4.0]]),
+                       (np.int32, [[1, 3], [2, 4]]), (np.int64, [[1, 3], [2, 4]]),
+                       (np.bool_, [[True, False], [True, True]])):  # a 0/1 mask
+    weights = np.array(given, dtype)
     for call in (lookup, tf.function(lookup)):
-      got = call({"a": as_kind(ids), "b": ids}, {"a": as_kind(weights)})["a"]
-      np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, err_msg=str(dtype))
-  # And numpy float64 weights of a dense input, traced too.
-  if kind == "dense":
-    got = tf.function(lookup)({"a": ids, "b": ids}, {"a": np.array(given)})["a"]
-    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+      got = call({"a": as_kind(ids), "b": as_kind(ids)}, {"a": as_kind(weights)})["a"]
+      np.testing.assert_allclose(got.numpy(), mean(weights), rtol=1e-5, atol=1e-7,
+                                 err_msg=str(dtype))
+    if kind == "dense":  # numpy weights straight in, traced too
+      got = tf.function(lookup)({"a": ids, "b": ids}, {"a": weights})["a"]
+      np.testing.assert_allclose(got.numpy(), mean(weights), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("kind", ["dense", "ragged", "sparse"])
@@ -185,8 +245,8 @@ def test_weights_of_another_dtype_or_structure_name_the_feature(kind):
              "sparse": tf.sparse.from_dense}[kind]
   for call in (lookup, tf.function(lookup)):
     with pytest.raises(TypeError,
-                       match=r"feature a \(table t1\): weights must be floats or integers, "
-                             r"got string"):
+                       match=r"feature a \(table t1\): weights must be floats, integers or "
+                             r"booleans, got string"):
       call({"a": as_kind(ids), "b": ids}, {"a": as_kind(strings)})
   if kind == "ragged":
     nested = tf.RaggedTensor.from_row_splits(

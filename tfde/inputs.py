@@ -99,15 +99,15 @@ def _same_rows(a, b):
 
 
 def _float_weights(values, where):
-  """Weights' `values` as float32: floats of any width and integers are
-  cast (as for every input kind alike); any other dtype is a TypeError
-  naming the feature.
+  """Weights' `values` as float32: floats of any width, integers and
+  booleans (a 0/1 mask) are cast (as for every input kind alike); any other
+  dtype is a TypeError naming the feature.
 
   >>> _float_weights(tf.constant([1, 2]), "feature f (table t)").dtype.name
   'float32'
   """
-  if not (values.dtype.is_floating or values.dtype.is_integer):
-    raise TypeError(f"{where}: weights must be floats or integers, got "
+  if not (values.dtype.is_floating or values.dtype.is_integer or values.dtype == tf.bool):
+    raise TypeError(f"{where}: weights must be floats, integers or booleans, got "
                     f"{values.dtype.name}")
   return tf.cast(values, tf.float32)
 
@@ -122,7 +122,8 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
   have the same kind and structure as the ids. With `strings` (a dynamic
   table), tf.string ids become their `string_keys`. `check_row_splits`
   checks a ragged input's splits: the stock twin by default, as a serving
-  export runs; `tfde.ops.check_row_splits` (its kernel) in training.
+  export runs; `tfde.ops.check_row_splits` (the op, or the twin under the
+  reference backend) in training.
   """
   where = describe(feature_name, table_name)
   if weights is not None and _kind(weights) != _kind(inputs):
@@ -145,8 +146,12 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
         raise ValueError(f"{where}: ragged weights must be [batch, (hotness)] as the "
                          f"ids are, got shape {weights.shape}")
       values = _float_weights(weights.values, where)
+      # Their values too: weights built with validate=False may hold more
+      # or fewer than their own splits say.
       guards = [checks.assert_that(
-          _same_rows(tf.cast(weights.row_splits, tf.int64), splits),
+          tf.logical_and(_same_rows(tf.cast(weights.row_splits, tf.int64), splits),
+                         tf.equal(tf.size(values, out_type=tf.int64),
+                                  tf.size(ids, out_type=tf.int64))),
           f"{where}: weights do not have the same row lengths as the ids")]
       with tf.control_dependencies(guards):
         # identity: a cast to its own dtype makes no op for the guard to hold.

@@ -98,8 +98,9 @@ def _after_every_check(flat):
   feature's checked ids, row splits and weights: in a graph, a stage that
   changes a table as it reads (a dynamic table admitting ids in training)
   must not run for one feature when another's check fails. (Eagerly each
-  check has raised before any lookup runs.)"""
-  if tf.executing_eagerly() or len(flat) < 2:
+  check has raised before any lookup runs.) One feature too: its ids
+  must wait for its own weights' check."""
+  if tf.executing_eagerly():
     return flat
   checked = [t for f in flat for t in (f.ids, f.row_splits, f.weights)
              if isinstance(t, tf.Tensor)]
