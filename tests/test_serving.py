@@ -112,6 +112,42 @@ def test_exported_layer_serves_every_input_kind_and_rejects_bad_ids(tmp_path):
   assert "feature a_dense (table A): id 37 at position 5 is out of range" in served["error"]
 
 
+def test_an_export_serves_ids_of_either_index_dtype(tmp_path):
+  # Training takes int32 and int64 ids alike; so does the export, whichever
+  # the example had (its serving signature keeps the example's).
+  configs = h.feature_configs("adagrad")
+  layer = tfde.layers.DistributedEmbedding(configs)
+  batch = h.make_batch(0, weighted=False)
+  inputs, _, _ = h.replica_inputs(batch, 0, 1)
+  tables = layer.get_embedding_tables()
+  want = {f: h.oracles.combine(tables[cfg.table.name], batch[f]["ids"], None,
+                               cfg.table.combiner)
+          for f, cfg in configs.items()}
+
+  def as_dtype(value, dtype):
+    if isinstance(value, tf.RaggedTensor):
+      return value.with_values(tf.cast(value.values, dtype))
+    if isinstance(value, tf.SparseTensor):
+      return tf.SparseTensor(value.indices, tf.cast(value.values, dtype), value.dense_shape)
+    return tf.cast(value, dtype)
+
+  for example, served_as in ((tf.int64, tf.int32), (tf.int32, tf.int64)):
+    path = tmp_path / f"from_{example.name}"
+    tfde.export_for_serving(layer, str(path), {k: as_dtype(v, example)
+                                               for k, v in inputs.items()})
+    served = _serve_elsewhere(tmp_path, path, {k: as_dtype(v, served_as)
+                                              for k, v in inputs.items()})
+    for name in h.FEATURES:
+      np.testing.assert_allclose(np.array(served["outputs"][name]), want[name],
+                                 rtol=1e-5, atol=1e-6, err_msg=f"{example.name} {name}")
+    # The signature's int32 tensors are the ids' values, one per feature,
+    # where the example had int32 (row splits and sparse indices are int64).
+    signature = tf.saved_model.load(str(path)).signatures["serving_default"]
+    int32 = [spec for spec in signature.structured_input_signature[1].values()
+             if spec.dtype == tf.int32]
+    assert len(int32) == (len(inputs) if example == tf.int32 else 0)
+
+
 def test_export_needs_a_distributed_embedding(tmp_path):
   import keras  # pylint: disable=g-import-not-at-top
   model = keras.Sequential([keras.layers.Dense(1)])

@@ -62,6 +62,23 @@ def _spec(value):
   return tf.TensorSpec([None] + value.shape.as_list()[1:], value.dtype)
 
 
+def _other_index_dtype(spec):
+  """`spec` with int32 values as int64 and int64 as int32; others as they are.
+
+  >>> _other_index_dtype(tf.TensorSpec([None, 2], tf.int64)).dtype.name
+  'int32'
+  """
+  swapped = {tf.int32: tf.int64, tf.int64: tf.int32}.get(spec.dtype)
+  if swapped is None:
+    return spec
+  if isinstance(spec, tf.RaggedTensorSpec):
+    return tf.RaggedTensorSpec(spec.shape, swapped, ragged_rank=spec.ragged_rank,
+                               row_splits_dtype=spec.row_splits_dtype)
+  if isinstance(spec, tf.SparseTensorSpec):
+    return tf.SparseTensorSpec(spec.shape, swapped)
+  return tf.TensorSpec(spec.shape, swapped)
+
+
 def _embedding_layers(model_or_layer):
   if isinstance(model_or_layer, layers_lib.DistributedEmbedding):
     return [model_or_layer]
@@ -243,12 +260,21 @@ def export_for_serving(model_or_layer, path, example_inputs):
     served = _Served(model_or_layer, tables, entries,
                      _dense_variables(model_or_layer), version)
 
-    @tf.function(input_signature=[signature])
+    @tf.function
     def serve(inputs):
       outputs = model_or_layer(inputs, training=False)
       return outputs
 
-    concrete = serve.get_concrete_function()
+    concrete = serve.get_concrete_function(signature)
+    # Training takes int32 and int64 ids alike, so `serve` takes the other
+    # index dtype too where the model traces with it (the signature keeps
+    # the example's).
+    other = tf.nest.map_structure(_other_index_dtype, signature)
+    if other != signature:
+      try:
+        serve.get_concrete_function(other)
+      except (TypeError, ValueError):
+        pass  # a model that refuses it serves the example's dtype only
     served.serve = serve
     tf.saved_model.save(served, path, signatures={"serving_default": concrete})
   finally:
