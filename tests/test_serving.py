@@ -75,6 +75,17 @@ def _serve_elsewhere(tmp_path, path, inputs):
   return served
 
 
+def _inputs_and_numpy_outputs(layer, configs):
+  """The harness's unweighted batch of every input kind, and each
+  feature's output from `layer`'s tables in numpy."""
+  batch = h.make_batch(0, weighted=False)
+  inputs, _, _ = h.replica_inputs(batch, 0, 1)
+  tables = layer.get_embedding_tables()
+  return inputs, {f: h.oracles.combine(tables[cfg.table.name], batch[f]["ids"], None,
+                                       cfg.table.combiner)
+                  for f, cfg in configs.items()}
+
+
 def test_exported_keras_model_serves_without_tfde(tmp_path):
   x, y = test_layers._ranking_data(512)  # pylint: disable=protected-access
   with test_layers.mirrored(2).scope():
@@ -93,12 +104,7 @@ def test_exported_layer_serves_every_input_kind_and_rejects_bad_ids(tmp_path):
   configs = h.feature_configs("adagrad", placements={"B": "default_device"})
   with test_layers.mirrored(2).scope():
     layer = tfde.layers.DistributedEmbedding(configs)
-  batch = h.make_batch(0, weighted=False)
-  inputs, _, _ = h.replica_inputs(batch, 0, 1)
-  tables = layer.get_embedding_tables()
-  want = {f: h.oracles.combine(tables[cfg.table.name], batch[f]["ids"], None,
-                               cfg.table.combiner)
-          for f, cfg in configs.items()}
+  inputs, want = _inputs_and_numpy_outputs(layer, configs)
   path = tmp_path / "layer"
   tfde.export_for_serving(layer, str(path), inputs)
   served = _serve_elsewhere(tmp_path, path, inputs)
@@ -117,12 +123,7 @@ def test_an_export_serves_ids_of_either_index_dtype(tmp_path):
   # the example had (its serving signature keeps the example's).
   configs = h.feature_configs("adagrad")
   layer = tfde.layers.DistributedEmbedding(configs)
-  batch = h.make_batch(0, weighted=False)
-  inputs, _, _ = h.replica_inputs(batch, 0, 1)
-  tables = layer.get_embedding_tables()
-  want = {f: h.oracles.combine(tables[cfg.table.name], batch[f]["ids"], None,
-                               cfg.table.combiner)
-          for f, cfg in configs.items()}
+  inputs, want = _inputs_and_numpy_outputs(layer, configs)
 
   def as_dtype(value, dtype):
     if isinstance(value, tf.RaggedTensor):

@@ -135,10 +135,10 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
                        f"shape {inputs.shape}")
     ids = _check_ids_dtype(inputs.values, where, strings)
     splits = tf.cast(inputs.row_splits, tf.int64)
+    num_ids = tf.size(ids, out_type=tf.int64)
     # A RaggedTensor built without validation (validate=False) may hold
     # any splits; every later stage reads samples from them.
-    with tf.control_dependencies([check_row_splits(splits, tf.size(ids, out_type=tf.int64),
-                                                   where)]):
+    with tf.control_dependencies([check_row_splits(splits, num_ids, where)]):
       ids, splits = tf.identity(ids), tf.identity(splits)
     w = None
     if weights is not None:
@@ -150,8 +150,7 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
       # or fewer than their own splits say.
       guards = [checks.assert_that(
           tf.logical_and(_same_rows(tf.cast(weights.row_splits, tf.int64), splits),
-                         tf.equal(tf.size(values, out_type=tf.int64),
-                                  tf.size(ids, out_type=tf.int64))),
+                         tf.equal(tf.size(values, out_type=tf.int64), num_ids)),
           f"{where}: weights do not have the same row lengths as the ids")]
       with tf.control_dependencies(guards):
         # identity: a cast to its own dtype makes no op for the guard to hold.
@@ -311,6 +310,48 @@ def flat_feature(feature, table, ids, weights):
     flat_ids, splits, output_splits = unpool(ids, flat_ids, splits, length)
   flat_ids = table.check_ids(flat_ids, name)
   return FlatFeature(name, table, flat_ids, splits, flat_weights, length, output_splits)
+
+
+def flat_features(feature_configs, tables, inputs, weights=None):
+  """Stage 0 of a lookup: every feature of `feature_configs` (name ->
+  FeatureConfig) in `inputs` (name -> ids) as its table's (`tables`, name ->
+  Table) `flat_feature`, validated; `weights` a dict too, or None.
+
+  In a graph each feature's ids wait for every feature's checked ids, row
+  splits and weights: a stage that changes a table as it reads (a dynamic
+  table admitting ids in training) must not run for one feature when
+  another's check, or its own weights', fails. (Eagerly each check has
+  raised before any lookup runs.)
+  """
+  if not isinstance(inputs, dict):
+    raise TypeError(f"inputs must be a dict of feature name -> ids, got "
+                    f"{type(inputs).__name__}")
+  unknown = sorted(set(inputs) - set(feature_configs))
+  if unknown:
+    raise ValueError(f"features {unknown} are not in the configuration; "
+                     f"configured: {sorted(feature_configs)}")
+  weights = {} if weights is None else weights
+  if not isinstance(weights, dict):
+    raise TypeError(f"weights must be a dict of feature name -> weights, got "
+                    f"{type(weights).__name__}")
+  unknown = sorted(set(weights) - set(feature_configs))
+  if unknown:
+    raise ValueError(f"weights given for unknown features {unknown}")
+  flat = []
+  for name, feature in feature_configs.items():
+    table = tables[feature.table.name]
+    if inputs.get(name) is None:
+      raise ValueError(f"{describe(name, table.name)} is missing from the inputs")
+    # The table's kind says what its lookup takes (flat checked ids for
+    # tfde's exchange; the inputs as given for an engine).
+    flat.append(table.flat_feature(feature, inputs[name], weights.get(name)))
+  if tf.executing_eagerly():
+    return flat
+  checked = [t for f in flat for t in (f.ids, f.row_splits, f.weights)
+             if isinstance(t, tf.Tensor)]
+  with tf.control_dependencies(checked):
+    return [f if f.ids is None else dataclasses.replace(f, ids=tf.identity(f.ids))
+            for f in flat]
 
 
 def unpool(inputs, ids, row_splits, max_sequence_length):

@@ -93,22 +93,6 @@ def same_table(a, b):
 _LOOKUP_NUMBERS = itertools.count()
 
 
-def _after_every_check(flat):
-  """`flat` (FlatFeatures) with each feature's ids waiting for every
-  feature's checked ids, row splits and weights: in a graph, a stage that
-  changes a table as it reads (a dynamic table admitting ids in training)
-  must not run for one feature when another's check fails. (Eagerly each
-  check has raised before any lookup runs.) One feature too: its ids
-  must wait for its own weights' check."""
-  if tf.executing_eagerly():
-    return flat
-  checked = [t for f in flat for t in (f.ids, f.row_splits, f.weights)
-             if isinstance(t, tf.Tensor)]
-  with tf.control_dependencies(checked):
-    return [f if f.ids is None else dataclasses.replace(f, ids=tf.identity(f.ids))
-            for f in flat]
-
-
 class ShardedLookup(tf.Module):
   """Looks up many features in sharded tables in one pipeline.
 
@@ -207,29 +191,7 @@ class ShardedLookup(tf.Module):
 
   def flatten(self, inputs, weights=None):
     """Stage 0: every configured feature as a FlatFeature (validated)."""
-    if not isinstance(inputs, dict):
-      raise TypeError(f"inputs must be a dict of feature name -> ids, got "
-                      f"{type(inputs).__name__}")
-    unknown = sorted(set(inputs) - set(self.feature_configs))
-    if unknown:
-      raise ValueError(f"features {unknown} are not in the configuration; "
-                       f"configured: {sorted(self.feature_configs)}")
-    weights = {} if weights is None else weights
-    if not isinstance(weights, dict):
-      raise TypeError(f"weights must be a dict of feature name -> weights, got "
-                      f"{type(weights).__name__}")
-    unknown = sorted(set(weights) - set(self.feature_configs))
-    if unknown:
-      raise ValueError(f"weights given for unknown features {unknown}")
-    flat = []
-    for name, feature in self.feature_configs.items():
-      table = self.tables[feature.table.name]
-      if inputs.get(name) is None:
-        raise ValueError(f"{inputs_lib.describe(name, table.name)} is missing from the inputs")
-      # The table's kind says what its lookup takes (flat checked ids for
-      # tfde's exchange; the inputs as given for an engine).
-      flat.append(table.flat_feature(feature, inputs[name], weights.get(name)))
-    return _after_every_check(flat)
+    return inputs_lib.flat_features(self.feature_configs, self.tables, inputs, weights)
 
   # Trace-time Python only: autograph must not rewrite the pipeline.
   @tf.autograph.experimental.do_not_convert
