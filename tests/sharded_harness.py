@@ -227,3 +227,19 @@ def reference_run(configs, initial_tables, batches):
       rows = sorted(touched[n])
       opts[n].apply(tables[n], rows, grads[n][rows])
   return first_outputs, tables
+
+
+def table_states(lookup):
+  """Every table's whole state (rows, slots and step; a dynamic table's ids,
+  counts and pending sightings too) as numpy, by table name."""
+  return {name: {k: v.numpy() for k, v in t.state().items()}
+          for name, t in lookup.tables.items()}
+
+
+def assert_states_unchanged(before, lookup):
+  """`lookup`'s tables hold `before` (`table_states`) exactly."""
+  after = table_states(lookup)
+  for name in before:
+    for key in before[name]:
+      np.testing.assert_array_equal(after[name][key], before[name][key],
+                                    err_msg=f"table {name}: {key} changed")

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tfde
+from tests import sharded_harness as h
 from tests.test_sharded import mirrored
 
 NAMES = ("A", "B", "C")  # TensorFlow restores them in this order
@@ -51,24 +52,11 @@ def _fill(tables, value, step):
     assert table.step_value() == step, table.name
 
 
-def _states(lookup):
-  return {name: {k: v.numpy() for k, v in t.state().items()}
-          for name, t in lookup.tables.items()}
-
-
-def _assert_unchanged(before, lookup):
-  after = _states(lookup)
-  for name in before:
-    for key in before[name]:
-      np.testing.assert_array_equal(after[name][key], before[name][key],
-                                    err_msg=f"table {name}: {key} changed")
-
-
 def _target(strategy, sizes=None):
   """A lookup at a known state, unlike the checkpoint's."""
   lookup = _lookup(strategy, sizes)
   _fill(lookup.tables, 1.0, 2)
-  return lookup, _states(lookup)
+  return lookup, h.table_states(lookup)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +74,7 @@ def test_a_checkpoint_with_a_table_of_another_shape_restores_no_table(checkpoint
   lookup, before = _target(tf.distribute.get_strategy(), {bad: 3 if bad == "B_dim" else 12})
   with pytest.raises(ValueError, match=f"table '{bad[0]}'.*shape"):
     tf.train.Checkpoint(lookup=lookup).read(checkpoint)
-  _assert_unchanged(before, lookup)
+  h.assert_states_unchanged(before, lookup)
   good = _lookup(tf.distribute.get_strategy())  # and a good one restores all
   tf.train.Checkpoint(lookup=good).read(checkpoint).assert_consumed()
   assert {t.step_value() for t in good.tables.values()} == {5}
@@ -107,7 +95,7 @@ def test_a_corrupted_dynamic_export_restores_no_table_and_no_shard(tmp_path):
   lookup, before = _target(mirrored(2))
   with pytest.raises(ValueError, match=r"table 'B': the checkpoint lists id 3 more than once"):
     tf.train.Checkpoint(lookup=lookup).read(path)
-  _assert_unchanged(before, lookup)
+  h.assert_states_unchanged(before, lookup)
 
 
 def test_a_flipped_bit_in_a_checkpoint_restores_no_table(checkpoint, tmp_path):
@@ -127,7 +115,7 @@ def test_a_flipped_bit_in_a_checkpoint_restores_no_table(checkpoint, tmp_path):
   lookup, before = _target(tf.distribute.get_strategy())
   with pytest.raises(tf.errors.OpError, match="Checksum does not match"):
     tf.train.Checkpoint(lookup=lookup).read(path)
-  _assert_unchanged(before, lookup)
+  h.assert_states_unchanged(before, lookup)
 
 
 def _model(movie_vocabulary=50):
@@ -156,10 +144,10 @@ def test_a_keras_file_with_a_table_of_another_shape_loads_no_table(tmp_path, fmt
   target = _model(movie_vocabulary=60)
   lookup = target.get_layer("embedding")._lookup  # pylint: disable=protected-access
   _fill(lookup.tables, 1.0, 2)
-  before = _states(lookup)
+  before = h.table_states(lookup)
   with pytest.raises(ValueError, match=r"table 'movie': saved shape \(50, 4\)"):
     target.load_weights(path)
-  _assert_unchanged(before, lookup)
+  h.assert_states_unchanged(before, lookup)
 
 
 def _two_layer_model(second_vocabulary=40, head_units=1):
@@ -200,11 +188,11 @@ def test_a_failed_load_changes_no_tfde_layer_of_the_model(tmp_path, fmt, bad):
   lookups = _lookups(target)
   for lookup in lookups:
     _fill(lookup.tables, 1.0, 2)
-  before = [_states(lookup) for lookup in lookups]
+  before = [h.table_states(lookup) for lookup in lookups]
   with pytest.raises(ValueError):
     target.load_weights(path)
   for state, lookup in zip(before, lookups):
-    _assert_unchanged(state, lookup)
+    h.assert_states_unchanged(state, lookup)
   fitting = _two_layer_model()
   fitting.load_weights(path)
   for lookup, want in zip(_lookups(fitting), _lookups(source)):

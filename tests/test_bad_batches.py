@@ -9,23 +9,8 @@ import pytest
 import tensorflow as tf
 
 import tfde
+from tests import sharded_harness as h
 from tests.test_sharded import distribute, mirrored
-
-
-def _tables(lookup):
-  """Every table's values (copies), by name."""
-  values = lookup.table_values()
-  return {name: ({k: np.array(v) for k, v in value.items()} if isinstance(value, dict)
-                 else np.array(value)) for name, value in values.items()}
-
-
-def _assert_unchanged(before, after):
-  for name, value in before.items():
-    if isinstance(value, dict):
-      for key in value:
-        np.testing.assert_array_equal(after[name][key], value[key], err_msg=f"{name}.{key}")
-    else:
-      np.testing.assert_array_equal(after[name], value, err_msg=name)
 
 
 def _two_tables(**lookup_kwargs):
@@ -67,12 +52,12 @@ SPLITS_ERROR = (r"feature a \(table t1\): ragged ids have row splits that do not
 @pytest.mark.parametrize("case", sorted(BAD_SPLITS))
 def test_malformed_row_splits_are_refused_at_one_replica(case, traced):
   lookup = _two_tables()
-  before = _tables(lookup)
+  before = h.table_states(lookup)
   step = _train_step(lookup)
   step = tf.function(step) if traced else step
   with pytest.raises(tf.errors.InvalidArgumentError, match=SPLITS_ERROR):
     step(_unchecked_ragged(*BAD_SPLITS[case]), tf.constant([[1, 2], [3, 4]], tf.int64))
-  _assert_unchanged(before, _tables(lookup))
+  h.assert_states_unchanged(before, lookup)
 
 
 @pytest.mark.parametrize("exchange", ["auto", "rows"])
@@ -83,7 +68,7 @@ def test_malformed_row_splits_on_one_of_two_replicas_are_refused(exchange):
   strategy = mirrored(2)
   with strategy.scope():
     lookup = _two_tables(auto_replicate_bytes=0, exchange=exchange)
-  before = _tables(lookup)
+  before = h.table_states(lookup)
   step = _train_step(lookup)
   bad = _unchecked_ragged(*BAD_SPLITS["not starting at 0"])
   good = tf.ragged.constant([[1, 2], [3]], tf.int64)
@@ -92,10 +77,10 @@ def test_malformed_row_splits_on_one_of_two_replicas_are_refused(exchange):
               tf.function(lambda *a: strategy.run(step, args=a))):
     with pytest.raises(tf.errors.InvalidArgumentError, match=SPLITS_ERROR):
       run(distribute(strategy, [bad, good]), distribute(strategy, [dense, dense]))
-    _assert_unchanged(before, _tables(lookup))
+    h.assert_states_unchanged(before, lookup)
   # And the next good step runs.
   run(distribute(strategy, [good, good]), distribute(strategy, [dense, dense]))
-  assert not np.array_equal(_tables(lookup)["t1"], before["t1"])
+  assert not np.array_equal(h.table_states(lookup)["t1"]["table"], before["t1"]["table"])
 
 
 @pytest.mark.parametrize("traced", [False, True])
@@ -103,7 +88,7 @@ def test_malformed_row_splits_on_one_of_two_replicas_are_refused(exchange):
                          ids=["row past the batch", "negative row", "column past the shape"])
 def test_sparse_ids_outside_their_dense_shape_are_refused(indices, traced):
   lookup = _two_tables()
-  before = _tables(lookup)
+  before = h.table_states(lookup)
   step = _train_step(lookup)
   step = tf.function(step) if traced else step
   sparse = tf.SparseTensor(tf.constant(indices, tf.int64), tf.constant([1, 2], tf.int64), [2, 2])
@@ -111,7 +96,7 @@ def test_sparse_ids_outside_their_dense_shape_are_refused(indices, traced):
                      match=r"feature a \(table t1\): sparse ids have an index outside their "
                            r"dense shape"):
     step(sparse, tf.constant([[1, 2], [3, 4]], tf.int64))
-  _assert_unchanged(before, _tables(lookup))
+  h.assert_states_unchanged(before, lookup)
 
 
 def _dynamic_and_static():
@@ -129,7 +114,7 @@ def test_a_failed_graph_step_admits_no_id_into_a_dynamic_table(bad_item):
   # that read must wait for every feature's checks, or a step refused for
   # another feature has already counted and admitted its ids.
   lookup = _dynamic_and_static()
-  before = _tables(lookup)
+  before = h.table_states(lookup)
 
   @tf.function
   def step(user, item):
@@ -147,10 +132,10 @@ def test_a_failed_graph_step_admits_no_id_into_a_dynamic_table(bad_item):
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=rf"feature item \(table items\): {error}"):
       step(users, item)
-  _assert_unchanged(before, _tables(lookup))
-  assert _tables(lookup)["users"]["ids"].size == 0
+  h.assert_states_unchanged(before, lookup)
+  assert h.table_states(lookup)["users"]["ids"].size == 0
   step(users, tf.ragged.constant([[1], [2]], tf.int64))
-  assert sorted(_tables(lookup)["users"]["ids"].tolist()) == [7, 8]
+  assert sorted(h.table_states(lookup)["users"]["ids"].tolist()) == [7, 8]
 
 
 @pytest.mark.parametrize("bad_weights", ["other row lengths", "values past their splits"])
@@ -176,7 +161,7 @@ def test_a_failed_graph_step_of_one_feature_admits_no_id(bad_weights):
                      match=r"feature user \(table users\): weights do not have the same row "
                            r"lengths as the ids"):
     step(users, weights)
-  assert _tables(lookup)["users"]["ids"].size == 0
+  assert h.table_states(lookup)["users"]["ids"].size == 0
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -184,7 +169,7 @@ def test_ragged_weights_with_values_past_their_splits_are_named(replicas):
   strategy = mirrored(replicas)
   with strategy.scope():
     lookup = _two_tables(auto_replicate_bytes=0)
-  before = _tables(lookup)
+  before = h.table_states(lookup)
   ids = tf.ragged.constant([[1, 2], [3]], tf.int64)
   weights = tf.RaggedTensor.from_row_splits(tf.constant([1.0, 2.0, 3.0, 4.0]),
                                             tf.constant([0, 2, 3], tf.int64), validate=False)
@@ -200,7 +185,7 @@ def test_ragged_weights_with_values_past_their_splits_are_named(replicas):
                      match=r"feature a \(table t1\): weights do not have the same row lengths"):
     tf.function(lambda *a: strategy.run(step, args=a))(
         *[distribute(strategy, [x] * replicas) for x in (ids, weights, dense)])
-  _assert_unchanged(before, _tables(lookup))
+  h.assert_states_unchanged(before, lookup)
 
 
 @pytest.mark.parametrize("kind", ["dense", "ragged", "sparse"])
