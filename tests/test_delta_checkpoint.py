@@ -4,6 +4,7 @@ the same step holds (the trained tables' own state, and the numpy oracles),
 for static (sharded, replicated) and dynamic tables with admission and
 eviction, onto another replica count; broken links are named and skipped."""
 
+import json
 import logging
 import os
 import shutil
@@ -13,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tfde
+from tfde import delta_checkpoint
 from tests import sharded_harness as h
 from tests import test_checkpoint
 from tests import test_dynamic_tables as dyn
@@ -326,3 +328,103 @@ def test_evicted_ids_are_kept_only_while_someone_asks_for_changes():
     table.changes_since(mark)
   train([200, 201, 202])
   assert sorted(table.changes_since(later)["removed_ids"].tolist()) == [100, 101, 102]
+
+
+def test_a_rollback_forgets_the_evictions_of_the_contents_it_replaced(tmp_path):
+  """Restoring an older link (a rollback) brings back ids evicted since it
+  was written: the next delta must not report them removed, the chain
+  restores what the live table holds, and a mark taken after a plain
+  `tf.train.Checkpoint` rollback answers for its changes (the record of
+  evictions restarts with the replaced contents)."""
+  config = tfde.TableConfig(
+      name="budget", vocabulary_size=None, embedding_dim=2, optimizer="sgd",
+      dynamic=tfde.DynamicConfig(max_rows_per_shard=3))
+
+  def build():
+    return tfde.lookup.ShardedLookup({"f": tfde.FeatureConfig(name="f", table=config)})
+
+  lookup = build()
+  table = lookup.tables["budget"]
+
+  def train(ids):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(lookup({"f": tf.constant([ids], tf.int64)})["f"])
+    tape.gradient(loss, lookup.trainable_variables)
+
+  manager = tfde.checkpoint.DeltaCheckpointManager(
+      tf.train.Checkpoint(lookup=lookup), tmp_path / "chain", full_every_n=8)
+  train([1, 2, 3])
+  first = manager.save()
+  plain = tf.train.Checkpoint(lookup=lookup).write(str(tmp_path / "plain"))
+  train([4, 5, 6])                 # evicts 1, 2 and 3
+  manager.save()
+  manager.restore(save_path=first)
+  assert table.export_rows()["ids"].tolist() == [1, 2, 3]
+  train([1])
+  last = manager.save()
+  removed = np.load(last + ".tables.npz")["lookup/tables/budget|removed_ids"]
+  assert removed.tolist() == []
+  restored = build()
+  tfde.checkpoint.DeltaCheckpointManager(
+      tf.train.Checkpoint(lookup=restored), tmp_path / "chain").restore()
+  _assert_states_equal(_states(restored), _states(lookup))
+
+  train([7, 8])                    # evicts 2 and 3 (1 was seen last)
+  tf.train.Checkpoint(lookup=lookup).read(plain).assert_consumed()
+  mark = table.mark()
+  train([9])                       # evicts 1
+  changes = table.changes_since(mark)
+  assert changes["removed_ids"].tolist() == [1]
+  assert changes["ids"].tolist() == [9]
+
+
+@pytest.mark.parametrize("chain", ["full", "full and delta"])
+def test_a_chain_of_another_model_is_refused_before_any_table_changes(tmp_path, chain):
+  """A chain written by a model with table A only, restored into one with
+  tables A and B: refused naming B, with A as it was (the full link is not
+  read first). A delta whose rows have another width is refused the same
+  way, naming its link and table."""
+  def build(names, dim=2):
+    return tfde.lookup.ShardedLookup({n.lower(): tfde.FeatureConfig(
+        name=n.lower(), table=tfde.TableConfig(name=n, vocabulary_size=20, embedding_dim=dim,
+                                               optimizer="adagrad")) for n in names})
+
+  def train(lookup, seed):
+    ids = np.random.default_rng(seed).integers(0, 20, (4, 2))
+    with tf.GradientTape() as tape:
+      loss = tf.add_n([tf.reduce_sum(o) for o in
+                       lookup({f: tf.constant(ids) for f in lookup.feature_configs}).values()])
+    tape.gradient(loss, lookup.trainable_variables)
+
+  written = build(["A"])
+  manager = tfde.checkpoint.DeltaCheckpointManager(
+      tf.train.Checkpoint(lookup=written), tmp_path, full_every_n=5)
+  train(written, 0)
+  manager.save()
+  if chain == "full and delta":
+    train(written, 1)
+    manager.save()
+  other = build(["A", "B"])
+  train(other, 7)
+  before = h.table_states(other)
+  with pytest.raises(ValueError, match=r"(lacks the tables \['lookup/tables/B'\]|"
+                                       r"holds the tables \['lookup/tables/A'\])"):
+    tfde.checkpoint.DeltaCheckpointManager(tf.train.Checkpoint(lookup=other), tmp_path).restore()
+  h.assert_states_unchanged(before, other)
+  if chain == "full and delta":
+    target = build(["A"])
+    train(target, 3)
+    link = manager.links()[-1]["prefix"]
+    path = os.path.join(tmp_path, link + ".tables.npz")
+    with np.load(path) as arrays:
+      changed = dict(arrays)
+    changed["lookup/tables/A|table"] = np.zeros([len(changed["lookup/tables/A|ids"]), 3])
+    np.savez(path, **changed)
+    manifest = json.loads(open(os.path.join(tmp_path, "delta_checkpoints.json")).read())
+    entry = manifest["links"][-1]["files"][link + ".tables.npz"]
+    entry[:] = [os.path.getsize(path), delta_checkpoint.file_crc32(path)]
+    open(os.path.join(tmp_path, "delta_checkpoints.json"), "w").write(json.dumps(manifest))
+    before = h.table_states(target)
+    with pytest.raises(ValueError, match=f"{link}: table 'A'"):
+      tfde.checkpoint.DeltaCheckpointManager(tf.train.Checkpoint(lookup=target), tmp_path).restore()
+    h.assert_states_unchanged(before, target)

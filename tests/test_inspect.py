@@ -3,6 +3,7 @@ and dynamic tables) and on a serving export, against the numpy arrays the
 tables were loaded with (the oracle), read back with no strategy."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -147,3 +148,22 @@ def test_refuses_what_is_not_a_checkpoint(tmp_path):
     inspect_lib.read_tables(str(tmp_path))
   with pytest.raises(inspect_lib.InspectError, match="not a checkpoint prefix"):
     inspect_lib.read_tables(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted", "bit flipped"])
+def test_a_damaged_data_file_is_a_named_error(checkpoints, tmp_path, damage):
+  """The index lists the tables and reads fine; their data file is read
+  only for the summaries, and its damage is the command's error too."""
+  copy = tmp_path / "n2"
+  shutil.copytree(checkpoints / "n2", copy)
+  data = next(p for p in copy.iterdir() if ".data-" in p.name)
+  content = bytearray(data.read_bytes())
+  if damage == "truncated":
+    data.write_bytes(bytes(content[:len(content) // 2]))
+  elif damage == "deleted":
+    data.unlink()
+  else:
+    content[len(content) // 2] ^= 0x55
+    data.write_bytes(bytes(content))
+  with pytest.raises(inspect_lib.InspectError, match="cannot read the checkpoint's tables: .+"):
+    inspect_lib.read_tables(str(copy / "ckpt"))

@@ -42,6 +42,8 @@ import zlib
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.checkpoint import graph_view
+from tensorflow.python.trackable import trackable_utils
 
 from tfde.tables import base as tables_base
 
@@ -97,6 +99,15 @@ def find_tables(root):
         seen.add(id(child))
         queue.append((f"{path}/{name}" if path else name, child))
   return found
+
+
+def _checkpoint_keys(root):
+  """{id(object): its path in checkpoint keys} for every object that
+  `root`'s checkpoints hold, as TensorFlow's saver names them (escaped
+  names, its own traversal)."""
+  node_paths = graph_view.ObjectGraphView(root).breadth_first_traversal()[1]
+  return {id(obj): trackable_utils.object_path_to_string(path)
+          for obj, path in node_paths.items()}
 
 
 def write_atomically(path, text):
@@ -313,10 +324,20 @@ class DeltaCheckpointManager:
     return None
 
   def _restore_chain(self, chain):
-    self._checkpoint.read(self._path(chain[0])).expect_partial()
     tables = find_tables(self._checkpoint)
-    for link in chain[1:]:
-      changes = self._read_changes(link, tables)
+    # All of the chain is read and checked before the model changes: one
+    # that does not fit it (another model's tables, a delta of another
+    # shape) is refused with the live tables as they were.
+    self._check_holds_tables(chain[0], tables)
+    deltas = [self._read_changes(link, tables) for link in chain[1:]]
+    for link, changes in zip(chain[1:], deltas):
+      for table_path, table in tables.items():
+        try:
+          table.check_changes(changes[table_path])
+        except ValueError as e:
+          raise ValueError(f"checkpoint link {self._path(link)}: {e}") from None
+    self._checkpoint.read(self._path(chain[0])).expect_partial()
+    for changes in deltas:
       for table_path, table in tables.items():
         table.apply_changes(changes[table_path])
     if len(chain) > 1:
@@ -324,6 +345,18 @@ class DeltaCheckpointManager:
         self._checkpoint.read(self._path(chain[-1])).expect_partial()
     self._marks = {p: t.mark() for p, t in tables.items()}
     self._marked_link = chain[-1]["prefix"]
+
+  def _check_holds_tables(self, link, tables):
+    """Refuses a full link that lacks any of the model's tables (a read of
+    it would restore the others and leave those as they are)."""
+    held = {name.partition("/.ATTRIBUTES/")[0]
+            for name, _ in tf.train.list_variables(self._path(link))}
+    keys = _checkpoint_keys(self._checkpoint)
+    missing = sorted(p for p, t in tables.items() if keys.get(id(t)) not in held)
+    if missing:
+      raise ValueError(
+          f"checkpoint link {self._path(link)} lacks the tables {missing} of the "
+          "model (it was written by another model); nothing was restored")
 
   def _read_changes(self, link, tables):
     changes = {}

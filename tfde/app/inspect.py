@@ -162,6 +162,21 @@ def read_tables(path):
       tables[match["path"]] = {"name": name, "serving": key,
                                "dynamic": bool(match["dynamic"]),
                                "ids": ids_key if ids_key in keys else None}
+  try:
+    summaries = _summaries(reader, tables, configs)
+  except (tf.errors.OpError, ValueError, IndexError) as e:
+    # The index lists the tables; their data files are read only now.
+    raise InspectError(f"{path}: cannot read the checkpoint's tables: "
+                       f"{str(e).splitlines()[0]}") from None
+  if not summaries:
+    raise InspectError(f"{path}: holds no tfde table ({len(keys)} variables, none "
+                       "under .../tables/<name>/, .../_serving_tables/<name>/ or "
+                       "ordered_tables/<i>/)")
+  return kind, summaries
+
+
+def _summaries(reader, tables, configs):
+  """[TableSummary] of `tables` ({path: the keys read_tables found})."""
   summaries = []
   for table_path, entry in tables.items():
     name = entry["name"]
@@ -183,11 +198,7 @@ def read_tables(path):
         ids=value("ids") if dynamic else None,
         counts=value("counts") if "counts" in stored else None,
         config=configs.get(name)))
-  if not summaries:
-    raise InspectError(f"{path}: holds no tfde table ({len(keys)} variables, none "
-                       "under .../tables/<name>/, .../_serving_tables/<name>/ or "
-                       "ordered_tables/<i>/)")
-  return kind, summaries
+  return summaries
 
 
 def _export_table_names(path):

@@ -288,13 +288,16 @@ class DynamicTable(base.Table):
                for v in self.spec.slot_initial_values]
       values = tf.stack([values] + slots, axis=1)
     self._replaced()
+    # The record of evictions speaks of the contents replaced: kept, an id
+    # evicted from them would be reported removed from these (a rollback
+    # to a state that holds it again). The next mark starts a new record.
+    updates = self._forget_evictions()
     zeros = tf.zeros_like(ids)
     counts = zeros if counts is None else tf.cast(counts, tf.int64)
     last_seen = zeros if last_seen is None else tf.cast(last_seen, tf.int64)
     empty = tf.zeros([0], tf.int64)
     pending = [empty if x is None else tf.cast(x, tf.int64)
                for x in (pending_ids, pending_counts, pending_last_seen)]
-    updates = []
     for replica, store in self.stores.items():
       mine = self.owned_mask(ids, replica)
       pending_mine = self.owned_mask(pending[0], replica)
@@ -312,9 +315,20 @@ class DynamicTable(base.Table):
   def change_keys(self):
     return super().change_keys() + [REMOVED_IDS]
 
+  def _forget_evictions(self):
+    """[ops] emptying the record of evicted ids and stopping it until the
+    next mark."""
+    ops = []
+    for replica, evicted_at in self.evicted_at.items():
+      ids, _ = evicted_at.export()
+      ops += [evicted_at.remove(tf.reshape(ids, [-1])),
+              self.evictions_recorded_from[replica].assign(-1)]
+    return ops
+
   def mark(self):
-    """As every table's; the first mark also starts the record of evicted
-    ids (`changes_since` reports them), which until then is not kept."""
+    """As every table's; the first mark (the first after the contents were
+    replaced) also starts the record of evicted ids (`changes_since`
+    reports them), which until then is not kept."""
     mark = super().mark()
     for recorded_from in self.evictions_recorded_from.values():
       if recorded_from.numpy() < 0:
