@@ -242,6 +242,12 @@ class StaticGroup(TableGroup):
       table_grads = grads if grad_rows is None else tf.gather(grads, grad_rows)
       slices[id(table.gradient_variable(replica))] = table.gradient_slices(
           replica, rows, table_grads)
+    # A table held elsewhere gets an empty gradient here: applied, it
+    # advances the table's step on this replica too.
+    for table in self.tables:
+      if id(table.gradient_variable(replica)) not in slices:
+        slices[id(table.gradient_variable(replica))] = table.gradient_slices(
+            replica, tf.zeros([0], owned.dtype), tf.zeros([0, self.width]))
     return slices
 
 

@@ -39,7 +39,9 @@ class OwnedRows:
   """What a static table whose rows only some replicas hold does on the
   others (`holds_rows` says which): nothing is routed there, so a lookup
   reads zeros; an update only advances the step (the owners' step, Adam's
-  bias correction); there is no gradient variable. Mixed into
+  bias correction); its gradient variable is a [0, D] stand-in, whose
+  empty gradient, applied, advances the step as every replica must
+  (explicit, SOK-style training). Mixed into
   `TableWiseTable` and `tfde.tables.TableRowWiseTable` before
   `ShardedTable`."""
 
@@ -47,7 +49,7 @@ class OwnedRows:
     """Rows, slots and row stamps on the local replicas holding rows
     (`initial_of(replica)`: their initial rows); a step counter on every
     local replica."""
-    self.shards, self.slots, self.updated_at = {}, {}, {}
+    self.shards, self.slots, self.updated_at, self.stand_ins = {}, {}, {}, {}
     for replica in self.comm.local_replicas():
       suffix = f"replica_{replica}_{kind}"
       if self.holds_rows(replica):
@@ -56,6 +58,10 @@ class OwnedRows:
             trainable=True, device=self.comm.replica_device(replica)), replica)
         self.slots[replica] = self._new_slots(replica, self.optimizer)
         self._new_updated_at(replica, suffix)
+      else:
+        self.stand_ins[replica] = self._own(comm_lib.local_variable(
+            tf.zeros([0, self.embedding_dim]), f"{self.name}/{suffix}/no_rows",
+            trainable=True, device=self.comm.replica_device(replica)), replica)
       self._new_step_variable(replica, suffix)
 
   def lookup_local(self, replica, requested, counts, training):
@@ -78,14 +84,7 @@ class OwnedRows:
       return self.guard_nonfinite(replica, finite, apply)
 
   def gradient_variable(self, replica):
-    if not self.holds_rows(replica):
-      holders = [r for r in range(self.comm.num_replicas) if self.holds_rows(r)]
-      raise ValueError(f"table {self.name!r} is held by replicas {holders}; "
-                       f"replica {replica} has no variable of it")
-    return self.shards[replica]
-
-  def local_variables(self):
-    return [self.shards[r] for r in sorted(self.shards)]
+    return self.shards[replica] if self.holds_rows(replica) else self.stand_ins[replica]
 
 
 class TableWiseTable(OwnedRows, sharded.ShardedTable):
