@@ -220,7 +220,9 @@ def test_table_wise_reduced_precision_rows_train_as_row_wise_ones():
 
 @pytest.mark.parametrize("field,value,reason", [
     ("max_norm", 1.0, "a row's norm spans all its columns"),
-    ("dtype", "float16", "stochastic rounding is drawn per row and column")])
+    ("dtype", "float16", "stochastic rounding is drawn per row and column"),
+    ("optimizer", tfde.optimizers.SGD(learning_rate=0.1, clipnorm=1.0),
+     "a row's gradient norm spans all its columns")])
 def test_column_wise_refuses_tables_it_cannot_slice_exactly(field, value, reason):
   config = tfde.TableConfig(name="w", vocabulary_size=10, embedding_dim=4,
                             **{field: value})
@@ -233,6 +235,20 @@ def test_column_wise_refuses_tables_it_cannot_slice_exactly(field, value, reason
       name="w", vocabulary_size=50_000, embedding_dim=64, **{field: value}))]
   layouts = [tfde.planner.plan(configs, 4).tables["w"].kind]
   assert "column_wise" not in layouts
+
+
+def test_a_column_wise_table_refuses_to_switch_to_clipnorm():
+  """clipnorm scales each row's whole gradient; no column slice sees it,
+  so a column-wise table switched to it is refused, unchanged."""
+  lookup = h.sharded_lookup(h.feature_configs("sgd", 1), plan=make_plan("column_wise", 1))
+  table = lookup.tables["A"]
+  before = table.optimizer
+  with pytest.raises(ValueError, match="table 'A': clipnorm clips each row's whole "
+                                       "gradient, and a column-wise"):
+    table.use_optimizer(tfde.optimizers.SGD(learning_rate=0.1, clipnorm=1.0))
+  assert table.optimizer is before and all(s.optimizer is before for s in table.slices)
+  table.use_optimizer(tfde.optimizers.SGD(learning_rate=0.1, clipvalue=1.0))
+  assert all(s.optimizer.clipvalue == 1.0 for s in table.slices)
 
 
 @pytest.mark.parametrize("owners", [
@@ -281,3 +297,37 @@ def test_an_update_with_another_kind_of_optimizer_is_refused_on_every_replica():
         table.apply_gradient(replica, tf.constant([1], tf.int64), tf.ones([1, table.embedding_dim]),
                              optimizer=tfde.optimizers.SGD())
     assert {int(s.numpy()) for s in table.steps.values()} == {0}
+
+
+@pytest.mark.parametrize("layout", ["table_wise", "column_wise", "table_row_wise", "mixed"])
+def test_explicit_gradients_apply_as_the_reference(strategy, layout):
+  """train_in_backward=False (SOK style) with tables held by some replicas
+  only: each replica's IndexedSlices for the variables it holds, applied
+  by a tfde sparse optimizer over K steps, equal the numpy reference."""
+  n = strategy.num_replicas_in_sync
+  configs = h.feature_configs("adam", variant=1)
+  batches = [h.make_batch(s, weighted=True, seed=3, num_replicas=n) for s in range(STEPS)]
+  with strategy.scope():
+    lookup = tfde.lookup.ShardedLookup(configs, plan=make_plan(layout, n),
+                                       train_in_backward=False)
+  initial = lookup.table_values()
+  _, want = h.reference_run(configs, initial, batches)
+  optimizer = h.sparse_optimizer("adam")
+
+  @tf.function
+  def step(inputs, weights, targets):
+    def replica_step(inputs, weights, targets):
+      variables = [v for name in sorted(lookup.tables)
+                   for v in lookup.tables[name].local_variables()]
+      with tf.GradientTape() as tape:
+        loss = h.replica_loss(lookup(inputs, weights), targets)
+      grads = tape.gradient(loss, variables)
+      optimizer.apply_gradients(zip(grads, variables))
+    strategy.run(replica_step, args=(inputs, weights, targets))
+
+  for batch in batches:
+    per = [h.replica_inputs(batch, r, n) for r in range(n)]
+    step(*[distribute(strategy, [p[i] for p in per]) for i in range(3)])
+  for name, table in lookup.tables.items():
+    np.testing.assert_allclose(table.full_table(), want[name], rtol=RTOL,
+                               atol=ATOL, err_msg=f"table {name}")

@@ -239,6 +239,10 @@ class TableConfig:
       return (f"trains with {self.optimizer.kind!r}, which keeps one accumulator "
               "per whole row: column_wise does not apply (no slice holds a whole "
               "row); use row_wise, table_wise or table_row_wise")
+    if self.optimizer.clipnorm is not None:
+      return ("clips gradients by norm (clipnorm): column_wise does not apply (a "
+              "row's gradient norm spans all its columns, which no slice holds); "
+              "use clipvalue, or row_wise, table_wise or table_row_wise")
     if self.dtype != "float32":
       return (f"stores {self.dtype} rows: column_wise does not apply (each "
               "update's stochastic rounding is drawn per row and column of the "

@@ -117,12 +117,17 @@ def state_checksum(state):
 
 
 def check_slot_layout(table, optimizer):
-  """Raises ValueError when `table`'s kind cannot keep `optimizer`'s slots:
-  a row-wise optimizer's one value per row needs whole rows."""
+  """Raises ValueError when `table`'s kind cannot keep `optimizer`'s slots
+  (a row-wise optimizer's one value per row needs whole rows) or clip its
+  rows' gradients by their whole norm."""
   why = table.row_wise_slots_refused
   if optimizer.slot_width is not None and why:
     raise ValueError(f"table {table.name!r}: {optimizer.kind!r} keeps one slot value "
                      f"per row, and {why}")
+  why = table.row_norms_refused
+  if optimizer.clipnorm is not None and why:
+    raise ValueError(f"table {table.name!r}: clipnorm clips each row's whole "
+                     f"gradient, and {why}")
 
 
 def check_switch(table, optimizer):
@@ -158,9 +163,11 @@ class Table(tf.Module):
     steps: replica -> int64 step variable (optimizer steps applied).
   """
 
-  # Why this kind cannot keep a row-wise optimizer's [rows, 1] slots (None:
-  # it can).
+  # Why this kind cannot keep a row-wise optimizer's [rows, 1] slots, or
+  # take a row's gradient norm over all its columns (clipnorm) (None: it
+  # can).
   row_wise_slots_refused = None
+  row_norms_refused = None
 
   def update_optimizer(self, optimizer=None):
     """The optimizer an update given `optimizer` applies (None: the

@@ -108,8 +108,9 @@ class ColumnWiseTable(base.Table):
     for s in self.__dict__.get("slices", []):
       s.optimizer = value
 
-  row_wise_slots_refused = ("a column-wise table's slices hold no whole row; use "
-                            "row_wise, table_wise or table_row_wise")
+  row_wise_slots_refused = row_norms_refused = (
+      "a column-wise table's slices hold no whole row; use row_wise, table_wise "
+      "or table_row_wise")
 
   def use_optimizer(self, optimizer):
     base.check_switch(self, optimizer)
