@@ -107,6 +107,43 @@ def test_without_expansion_a_table_keeps_its_capacity():
           mxrec.gradient_descent.create_hash_optimizer(learning_rate=0.1)])
 
 
+def test_optimizers_take_mxrecs_defaults():
+  """mxRec's documented defaults, not tfde's Keras ones: Adagrad starts its
+  accumulators at 0.9 and divides by their square root (TF1's rule, no
+  epsilon; one step held to numpy), LazyAdam's epsilon is 1e-8; arguments
+  that change nothing here (name, use_locking) are taken; SGD by address
+  decays weights in mxRec, which tfde cannot, so it is refused unless
+  weight_decay=0."""
+  from tfde.compat import mxrec  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    mxrec.init(use_dynamic_expansion=True)
+    optimizer = mxrec.adagrad.create_hash_optimizer(learning_rate=0.1, use_locking=True,
+                                                    name="Adagrad")
+    table = mxrec.create_table(key_dtype=tf.int64, dim=2, name="t",
+                               emb_initializer=tf.zeros_initializer(),
+                               optimizer_list=[optimizer])
+    emb = mxrec.sparse_lookup(table, tf.constant([[5]], tf.int64), is_train=True)
+    loss = tf.reduce_sum(emb * tf.constant([[[1.0, 2.0]]]))
+    local = tf.compat.v1.get_collection(mxrec.ASCEND_SPARSE_LOOKUP_LOCAL_EMB)
+    addresses = tf.compat.v1.get_collection(mxrec.ASCEND_SPARSE_LOOKUP_ID_OFFSET)
+    train = optimizer.apply_gradients(list(zip(tf.gradients(loss, local), addresses)))
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      sess.run(train)
+      rows = _rows(sess, table)
+  grad = np.array([1.0, 2.0])
+  np.testing.assert_allclose(rows["table"][0], -0.1 * grad / np.sqrt(0.9 + grad**2),
+                             rtol=1e-6)
+  adam = mxrec.lazy_adam.create_hash_optimizer_by_address(name="LazyAdam")
+  assert adam.sparse_optimizer.hyper["epsilon"] == 1e-8
+  assert adam.sparse_optimizer.learning_rate == 0.001
+  with pytest.raises(ValueError, match="weight_decay=0.0001: tfde's sparse optimizers "
+                                       "have no weight decay"):
+    mxrec.gradient_descent.create_hash_optimizer_by_addr(0.1)
+  assert mxrec.gradient_descent.create_hash_optimizer_by_addr(
+      0.1, weight_decay=0).sparse_optimizer.learning_rate == 0.1
+
+
 def test_apply_gradients_needs_addresses_from_sparse_lookup():
   from tfde.compat import mxrec  # pylint: disable=g-import-not-at-top
   with tf.Graph().as_default():

@@ -38,6 +38,23 @@ def test_lookup_sparse_matches_tf_nn():
                                                     combiner="sqrtn").numpy(), rtol=1e-6)
 
 
+def test_lookup_sparse_defaults_and_single_forms_are_soks():
+  """SOK's defaults: no combiners means "mean" for every lookup; one
+  variable and one SparseTensor (not lists) give one tensor, and a single
+  combiner may be a string."""
+  sok.init()
+  values = np.arange(20, dtype=np.float32).reshape(10, 2)
+  v = sok.Variable(values)
+  ids = _sparse([[1, 3], [4]], width=2)
+  want_mean = tf.nn.embedding_lookup_sparse(values, ids, None, combiner="mean").numpy()
+  np.testing.assert_array_equal(sok.lookup_sparse([v], [ids])[0].numpy(), want_mean)
+  single = sok.lookup_sparse(v, ids, combiners="sum")
+  assert tf.is_tensor(single)
+  np.testing.assert_array_equal(
+      single.numpy(), tf.nn.embedding_lookup_sparse(values, ids, None, combiner="sum").numpy())
+  np.testing.assert_array_equal(sok.lookup_sparse(v, ids).numpy(), want_mean)
+
+
 def test_wrapped_keras_adam_is_lazy_adam_on_touched_rows():
   rng = np.random.default_rng(1)
   start = rng.normal(size=(12, 3)).astype(np.float32)

@@ -121,22 +121,50 @@ class HashOptimizer:
     return tf.group(updates)
 
 
-def _optimizer_module(kind, **renames):
-  def create(learning_rate=None, **hyper):
-    cls = {"sgd": optimizers_lib.SGD, "adagrad": optimizers_lib.Adagrad,
-           "adam": optimizers_lib.Adam, "ftrl": optimizers_lib.Ftrl}[kind]
-    renamed = {renames.get(k, k): v for k, v in hyper.items()}
-    return HashOptimizer(cls(learning_rate=learning_rate, **renamed))
-  return types.SimpleNamespace(create_hash_optimizer=create,
-                               create_hash_optimizer_by_addr=create,
-                               create_hash_optimizer_by_address=create)
+# What mxRec's optimizers take that changes nothing here: names of the
+# optimizer and its slot variables, locking, Ascend's fused operators.
+_NO_EFFECT = ("name", "use_locking", "use_fusion_optim", "accum_name", "linear_name")
 
 
-# mxRec's optimizer modules, with its argument names mapped to Keras's.
-lazy_adam = _optimizer_module("adam", beta1="beta_1", beta2="beta_2")
-gradient_descent = _optimizer_module("sgd")
-adagrad = _optimizer_module("adagrad")
-ftrl = _optimizer_module("ftrl")
+def _optimizer_module(kind, defaults, renames=None, by_address_defaults=None):
+  """mxRec's module of one optimizer: `defaults`, mxRec's own where they
+  differ from tfde's Keras ones; `renames`, its argument names to tfde's;
+  `by_address_defaults`, what its `_by_addr` constructor adds."""
+  cls = {"sgd": optimizers_lib.SGD, "adagrad": optimizers_lib.Adagrad,
+         "adam": optimizers_lib.Adam, "ftrl": optimizers_lib.Ftrl}[kind]
+
+  def make(extra_defaults):
+    def create(learning_rate=None, **hyper):
+      hyper = dict(dict(defaults, **extra_defaults), **{
+          (renames or {}).get(k, k): v for k, v in hyper.items() if k not in _NO_EFFECT})
+      decay = hyper.pop("weight_decay", None)
+      if decay:
+        raise ValueError(
+            f"mxRec's {kind} optimizer with weight_decay={decay}: tfde's sparse "
+            "optimizers have no weight decay (mxRec's gradient_descent."
+            "create_hash_optimizer_by_addr decays by 0.0001 unless given "
+            "weight_decay); pass weight_decay=0 to train without it")
+      if learning_rate is None:
+        learning_rate = hyper.pop("learning_rate", None)
+      hyper.pop("learning_rate", None)
+      return HashOptimizer(cls(learning_rate=learning_rate, **hyper))
+    return create
+
+  by_address = make(by_address_defaults or {})
+  return types.SimpleNamespace(create_hash_optimizer=make({}),
+                               create_hash_optimizer_by_addr=by_address,
+                               create_hash_optimizer_by_address=by_address)
+
+
+# mxRec's optimizer modules, with its defaults (its documentation's; the
+# TF1 optimizers it derives from: Adagrad divides by sqrt(accumulator),
+# with no epsilon) and its argument names mapped to tfde's.
+lazy_adam = _optimizer_module("adam", {"learning_rate": 0.001, "epsilon": 1e-8},
+                              renames={"beta1": "beta_1", "beta2": "beta_2"})
+gradient_descent = _optimizer_module("sgd", {}, by_address_defaults={"weight_decay": 0.0001})
+adagrad = _optimizer_module("adagrad", {"learning_rate": 0.001,
+                                        "initial_accumulator_value": 0.9, "epsilon": 0.0})
+ftrl = _optimizer_module("ftrl", {})
 
 
 class HashTable:

@@ -127,16 +127,27 @@ def _process_shard(table, kind):
   return variables[0]  # it keeps its table alive (Table._own)
 
 
+def _as_list(x):
+  return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None):
-  """One embedding per (variable, ids) pair: [batch, D] each."""
+  """One embedding per (variable, ids) pair: [batch, D] each. As SOK's:
+  `combiners` defaults to "mean" for every lookup, and one variable with
+  one SparseTensor (not lists) gives one tensor."""
+  one = not isinstance(sp_ids, (list, tuple)) and not isinstance(sp_weights, tuple)
+  params, sp_ids = _as_list(params), _as_list(sp_ids)
   if len(params) != len(sp_ids):
     raise ValueError(f"params and sp_ids must have one entry per feature; got "
                      f"{len(params)} and {len(sp_ids)}")
-  combiners = list(combiners or ["sum"] * len(params))
+  combiners = ["mean"] * len(params) if combiners is None else _as_list(combiners)
   if len(combiners) != len(params):
     raise ValueError(f"combiners has {len(combiners)} entries for "
                      f"{len(params)} features")
-  sp_weights = list(sp_weights) if sp_weights is not None else [None] * len(params)
+  sp_weights = _as_list(sp_weights) if sp_weights is not None else [None] * len(params)
+  if len(sp_weights) != len(params):
+    raise ValueError(f"sp_weights has {len(sp_weights)} entries for "
+                     f"{len(params)} features")
   tables = [_table_of(v) for v in params]
   features, inputs, weights = {}, {}, {}
   for i, (table, ids, w, c) in enumerate(zip(tables, sp_ids, sp_weights, combiners)):
@@ -153,7 +164,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None):
           list(features.values()), tables={t.name: t for t in tables},
           train_in_backward=False, name="sok_lookup"))
   out = lookup(inputs, weights or None)
-  return [out[f"feature_{i}"] for i in range(len(params))]
+  outputs = [out[f"feature_{i}"] for i in range(len(params))]
+  return outputs[0] if one else outputs
 
 
 class OptimizerWrapper:
