@@ -272,6 +272,14 @@ def test_tfde_tables_are_sharded_and_train_in_backward(n, dynamic):
     np.testing.assert_array_equal(table.export_rows()["ids"], [3, 8])
 
 
+def test_no_combiners_means_mean_as_in_deeprec():
+  values = np.arange(20, dtype=np.float32).reshape(10, 2)
+  ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([1, 3, 4], tf.int64), [2, 2])
+  got = tfde.nn.group_embedding_lookup_sparse([tf.Variable(values)], [ids], None)[0]
+  np.testing.assert_array_equal(
+      got.numpy(), tf.nn.embedding_lookup_sparse(values, ids, None, combiner="mean").numpy())
+
+
 @pytest.mark.parametrize("call,error,pattern", [
     (lambda t, i: tfde.nn.group_embedding_lookup_sparse(t, i, ["sum"], "div"),
      ValueError, "partition_strategy must be 'mod'"),

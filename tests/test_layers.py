@@ -10,6 +10,11 @@ import tfde
 from tests import sharded_harness as h
 from tests.test_sharded import distribute, mirrored
 
+
+def _numpy_tables(layer):
+  """The layer's tables as numpy arrays (it returns tensors, as keras-rs)."""
+  return {k: v.numpy() for k, v in layer.get_embedding_tables().items()}
+
 # ----------------------------------------------------------------- configs
 
 
@@ -96,7 +101,7 @@ def test_layer_custom_loop_equals_reference(n, monkeypatch):
   with strategy.scope():
     layer = tfde.layers.DistributedEmbedding(_nested(configs))
   assert layer.tables["A"].replicated and not layer.tables["B"].replicated
-  initial = layer.get_embedding_tables()
+  initial = _numpy_tables(layer)
   batches = [h.make_batch(s, weighted=True, seed=2, num_replicas=n)
              for s in range(4)]
 
@@ -117,7 +122,7 @@ def test_layer_custom_loop_equals_reference(n, monkeypatch):
     per = [h.replica_inputs(batch, r, n) for r in range(n)]
     step(*[distribute(strategy, [p[i] for p in per]) for i in range(3)])
   _, want = h.reference_run(configs, initial, batches)
-  got = layer.get_embedding_tables()
+  got = _numpy_tables(layer)
   for name in want:
     np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6,
                                err_msg=f"table {name}")
@@ -168,7 +173,7 @@ def test_fit_learns_and_compile_optimizer_never_touches_tables(n):
                   loss="mse", metrics=[keras.metrics.RootMeanSquaredError()])
   x, y = _ranking_data(4096)
   layer = model.get_layer("embedding")
-  before = layer.get_embedding_tables()
+  before = _numpy_tables(layer)
   history = model.fit(x, y, batch_size=256, epochs=8, verbose=0)
   losses = history.history["loss"]
   # Stated margin: the training loss falls below half its first-epoch value.
@@ -178,7 +183,7 @@ def test_fit_learns_and_compile_optimizer_never_touches_tables(n):
   table_shapes = {(200, 16), (20000, 16), (100, 16), (10000, 16), (50, 16),
                   (5000, 16)}
   assert not any(tuple(v.shape) in table_shapes for v in model.optimizer.variables)
-  after = layer.get_embedding_tables()
+  after = _numpy_tables(layer)
   seen = np.unique(x["movie_id"])
   unseen = np.setdiff1d(np.arange(20000), seen)
   np.testing.assert_array_equal(after["movie"][unseen], before["movie"][unseen])
@@ -237,16 +242,47 @@ def test_save_and_load_keep_outputs_across_replica_counts(tmp_path):
                                 src.full_slot("accumulator"))
 
 
+def test_a_table_started_from_an_array_saves_and_loads(tmp_path):
+  """A table whose initializer is its whole initial array: the .keras file
+  loads (the array travels in the config as Keras writes arrays), with the
+  trained rows; an array of another shape is refused by name."""
+  start = np.arange(12, dtype=np.float32).reshape(6, 2)
+  table = tfde.layers.TableConfig(name="t", vocabulary_size=6, embedding_dim=2,
+                                  initializer=start, optimizer="sgd", combiner="sum")
+  ids = keras.Input(shape=(2,), dtype="int64", name="f")
+  out = tfde.layers.DistributedEmbedding(
+      {"f": tfde.layers.FeatureConfig(name="f", table=table)}, name="embedding")({"f": ids})
+  model = keras.Model(ids, keras.layers.Dense(1)(out["f"]))
+  model.compile(optimizer="sgd", loss="mse")
+  x, y = np.array([[1, 2], [3, 5]], np.int64), np.ones((2, 1), np.float32)
+  model.fit(x, y, epochs=2, verbose=0)
+  model.save(tmp_path / "model.keras")
+  loaded = keras.models.load_model(tmp_path / "model.keras")
+  np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0),
+                             rtol=1e-6)
+  trained = model.get_layer("embedding").get_embedding_tables()["t"]
+  assert tf.is_tensor(trained)   # as keras-rs returns it: a copy, not a variable
+  assert not np.array_equal(trained, start)
+  np.testing.assert_array_equal(
+      loaded.get_layer("embedding").get_embedding_tables()["t"], trained)
+  np.testing.assert_array_equal(
+      tfde.TableConfig.from_config(table.get_config()).initializer, start)
+  with pytest.raises(ValueError, match=r"TableConfig 'w': an initial array must be "
+                                       r"the static table's whole .* got shape \[4, 2\]"):
+    tfde.TableConfig(name="w", vocabulary_size=3, embedding_dim=2,
+                     initializer=np.zeros((4, 2), np.float32))
+
+
 def test_loading_weights_of_another_config_changes_nothing(tmp_path):
   with mirrored(1).scope():
     model = _ranking_model()
   model.save_weights(tmp_path / "a.weights.h5")
   other = _ranking_model(user_vocabulary=300)
-  before = other.get_layer("embedding").get_embedding_tables()
+  before = _numpy_tables(other.get_layer("embedding"))
   with pytest.raises(ValueError, match=r"table 'user': saved shape \(200, 16\) "
                                        r"differs from the model's \(300, 16\)"):
     other.load_weights(tmp_path / "a.weights.h5")
-  after = other.get_layer("embedding").get_embedding_tables()
+  after = _numpy_tables(other.get_layer("embedding"))
   for name in before:
     np.testing.assert_array_equal(after[name], before[name])
 
@@ -272,7 +308,7 @@ def _train(layer, inputs, weights=None):
 
 
 def test_layer_bad_input_names_feature_and_table(layer):
-  before = layer.get_embedding_tables()
+  before = _numpy_tables(layer)
   inputs, weights = _flat_inputs()
   ids = inputs["b_ragged"].values.numpy()
   ids[0] = 50
@@ -294,6 +330,6 @@ def test_layer_bad_input_names_feature_and_table(layer):
   with pytest.raises((ValueError, tf.errors.InvalidArgumentError),
                      match=r"feature a_dense \(table A\): weights have shape"):
     _train(layer, _nested(inputs), _nested(weights))
-  after = layer.get_embedding_tables()
+  after = _numpy_tables(layer)
   for name in before:
     np.testing.assert_array_equal(after[name], before[name])

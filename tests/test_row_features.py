@@ -475,7 +475,7 @@ def test_keras_layer_and_serving_export_match_tpu_embedding(tmp_path):
       "values": tf.ragged.constant([[19, 20], [], [21]], tf.int64),
   }
   out = layer(inputs)
-  rows = layer.get_embedding_tables()["t"]
+  rows = layer.get_embedding_tables()["t"].numpy()
   tpu = tf.tpu.experimental.embedding
   tpu_table = tpu.TableConfig(vocabulary_size=30, dim=3,
                               initializer=tf.constant_initializer(rows))

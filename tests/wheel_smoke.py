@@ -28,11 +28,11 @@ def main():
                            optimizer="adagrad")
   layer = tfde.layers.DistributedEmbedding({"f": tfde.FeatureConfig(name="f", table=table)})
   ids = tf.constant([[1, 2], [3, 99]])
-  before = layer.get_embedding_tables()["t"].copy()
+  before = layer.get_embedding_tables()["t"].numpy()
   with tf.GradientTape() as tape:
     loss = tf.reduce_sum(layer({"f": ids}, training=True)["f"])
   tape.gradient(loss, layer.trainable_variables)
-  after = layer.get_embedding_tables()["t"]
+  after = layer.get_embedding_tables()["t"].numpy()
   changed = sorted(set((before != after).any(axis=1).nonzero()[0].tolist()))
   assert changed == [1, 2, 3, 99], changed
 

@@ -94,9 +94,11 @@ class TableConfig:
       `None` makes a dynamic table that grows as new ids arrive.
     embedding_dim: Width of a row.
     initializer: How rows start: a Keras initializer (instance, name or
-      config dict), or None for keras-rs's default, a truncated normal with
-      stddev 1/sqrt(embedding_dim). Rows are initialised as a function of
-      (seed, global row), so a table is the same for any replica count.
+      config dict), or None for keras-rs's default,
+      `VarianceScaling(mode="fan_out")` (rows of standard deviation
+      1/sqrt(embedding_dim)), or a static table's whole [vocabulary_size,
+      embedding_dim] array. Rows are initialised as a function of (seed,
+      global row), so a table is the same for any replica count.
     optimizer: The table's own sparse optimizer: "sgd", "adagrad",
       "rowwise_adagrad" (static tables, not column-wise), "adam" (lazy),
       "ftrl", a Keras optimizer of those classes, or a
@@ -206,6 +208,13 @@ class TableConfig:
     from tfde import initializers  # pylint: disable=g-import-not-at-top
     self.initializer = initializers.resolve(self.initializer, self.name,
                                             self.embedding_dim)
+    if initializers.is_array(self.initializer):
+      shape = tuple(self.initializer.shape)
+      if self.is_dynamic or shape != (self.vocabulary_size, self.embedding_dim):
+        raise ValueError(
+            f"{where}: an initial array must be the static table's whole "
+            f"[vocabulary_size, embedding_dim] = [{self.vocabulary_size}, "
+            f"{self.embedding_dim}] rows, got shape {list(shape)}")
     # Resolving the optimizer validates it (ValueError naming the option).
     from tfde import optimizers  # pylint: disable=g-import-not-at-top
     self.optimizer = optimizers.get(self.optimizer, table_name=self.name)
@@ -281,7 +290,14 @@ class TableConfig:
     import keras  # pylint: disable=g-import-not-at-top
     from tfde import optimizers  # pylint: disable=g-import-not-at-top
     config = dict(config)
-    config["initializer"] = keras.initializers.deserialize(config["initializer"])
+    initializer = config["initializer"]
+    # An initial array serialises as Keras's "__numpy__" (or "__tensor__")
+    # value, which only its generic deserializer reads back.
+    config["initializer"] = (
+        keras.saving.deserialize_keras_object(initializer)
+        if isinstance(initializer, dict) and
+        initializer.get("class_name") in ("__numpy__", "__tensor__")
+        else keras.initializers.deserialize(initializer))
     config["optimizer"] = optimizers.SparseOptimizer.from_config(config["optimizer"])
     return cls(**config)
 

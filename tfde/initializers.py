@@ -17,8 +17,6 @@ doors' own spellings (TF v1 initializers for mxRec, SOK's "random" and
 numbers) become Keras initializers in `resolve`.
 """
 
-import math
-
 import numpy as np
 import tensorflow as tf
 
@@ -34,10 +32,22 @@ _TRUNCATED_STDDEV = 0.87962566103423978
 
 
 def default(embedding_dim):
-  """keras-rs's default: a truncated normal of stddev 1/sqrt(width)."""
+  """keras-rs's default, as its code has it: `VarianceScaling(mode=
+  "fan_out")`, a normal truncated at two deviations whose rows' standard
+  deviation is 1/sqrt(width) (its docstring's TruncatedNormal of that
+  stddev would give 0.88 of it).
+
+  >>> round(float(np.std(default(16)(shape=(20000, 16)))), 2)
+  0.25
+  """
+  del embedding_dim  # the initializer reads the width from the shape
   import keras  # pylint: disable=g-import-not-at-top
-  return keras.initializers.TruncatedNormal(
-      mean=0.0, stddev=1.0 / math.sqrt(embedding_dim))
+  return keras.initializers.VarianceScaling(mode="fan_out")
+
+
+def is_array(initializer):
+  """Whether `initializer` is a table's whole initial value (an array)."""
+  return isinstance(initializer, np.ndarray) or tf.is_tensor(initializer)
 
 
 # TF initializers (v2 classes and v1 function names) that have a Keras
@@ -68,7 +78,7 @@ def resolve(initializer, table_name, embedding_dim=None):
   init = keras.initializers
   if initializer is None:
     return default(embedding_dim)
-  if isinstance(initializer, np.ndarray) or tf.is_tensor(initializer):
+  if is_array(initializer):
     return initializer
   if isinstance(initializer, init.Initializer):
     return initializer
@@ -139,7 +149,7 @@ def shard_value(config, num_shards, shard):
   vocab, dim = config.vocabulary_size, config.embedding_dim
   per_shard = sharding.rows_per_shard(vocab, num_shards)
   initializer = config.initializer
-  if isinstance(initializer, np.ndarray) or tf.is_tensor(initializer):
+  if is_array(initializer):
     full = np.asarray(initializer, np.float32)
     return sharding.shard_table(full, num_shards)[shard]
   pieces = []

@@ -320,9 +320,12 @@ class DistributedEmbedding(keras.layers.Layer):
     return tf.nest.pack_sequence_as(self._feature_configs, specs)
 
   def get_embedding_tables(self):
-    """dict of table name -> the full [V, D] table (numpy), gathered from
-    its shards."""
-    return self._lookup.table_values()
+    """dict of table name -> the full [V, D] table as a tensor (as keras-rs
+    returns: a copy, not the variables), gathered from its shards; a
+    dynamic table gives its `export_rows()` dict of numpy arrays (ids,
+    table, slots, counts)."""
+    return {name: value if isinstance(value, dict) else tf.constant(value)
+            for name, value in self._lookup.table_values().items()}
 
   # ---- saving: whole tables, so a model reloads under any replica count
   #

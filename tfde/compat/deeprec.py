@@ -32,6 +32,7 @@ a ragged input's longest row), zeros where no id is:
 """
 
 import collections
+import logging
 
 import tensorflow as tf
 
@@ -48,6 +49,11 @@ def _check_lists(params, sp_ids, combiners, sp_weights, partition_strategy):
                      f"id % N), got {partition_strategy!r}")
   if not isinstance(params, (list, tuple)) or not isinstance(sp_ids, (list, tuple)):
     raise ValueError("params and sp_ids must be lists, one entry per feature")
+  if combiners is None:
+    # DeepRec's default, with its warning.
+    logging.warning("group_embedding_lookup_sparse: combiners=None, so every "
+                    "feature's combiner is 'mean'")
+    combiners = ["mean"] * len(params)
   if isinstance(combiners, str):
     combiners = [combiners] * len(params)
   lengths = {"params": len(params), "sp_ids": len(sp_ids),
@@ -96,7 +102,8 @@ def group_embedding_lookup_sparse(params, sp_ids, combiners, sp_weights=None,
     params: list of tables: `tf.Variable` [V, D], or tfde tables
       (`ShardedTable`, or `DynamicTable` taking any int64 id).
     sp_ids: list of `tf.SparseTensor` [batch, k] (or `tf.RaggedTensor`) ids.
-    combiners: list of "sum", "mean" or "sqrtn" (or one for all).
+    combiners: list of "sum", "mean" or "sqrtn" (or one for all); None
+      means "mean" for all, as in DeepRec.
     partition_strategy: "mod" only.
     sp_weights: optional list of weights matching sp_ids (entries may be
       None). This is DeepRec's newer order; its older one,

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfde import config as config_lib
+from tfde import initializers
 from tfde.tpu.optimizer_mapping import from_tpu_optimizer, to_tpu_optimizer, _EMBEDDING, _SOURCE_ATTRIBUTE
 
 
@@ -18,7 +19,7 @@ def to_tpu_table_config(table, iterations=None):
     raise ValueError(f"table {table.name!r} is dynamic (vocabulary_size=None); "
                      "TPU embedding tables have a fixed vocabulary")
   initializer = table.initializer
-  if isinstance(initializer, np.ndarray) or tf.is_tensor(initializer):
+  if initializers.is_array(initializer):
     value = np.asarray(initializer, np.float32)
     initializer = lambda shape, dtype=tf.float32, **_: tf.constant(value, dtype)
   tpu_table = _EMBEDDING.TableConfig(
