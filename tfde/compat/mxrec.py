@@ -194,8 +194,9 @@ def create_table(key_dtype=tf.int64, dim=None, name=None, emb_initializer=None,
     dim: the embedding width.
     name: the table's name.
     emb_initializer: a TF or Keras initializer of a kind tfde draws per id
-      (zeros, constant, uniform, normal, truncated normal); default a
-      truncated normal of stddev 1/sqrt(dim).
+      (zeros, constant, uniform, normal, truncated normal). mxRec needs
+      one; None here gives `tfde.TableConfig`'s default (rows of standard
+      deviation 1/sqrt(dim)).
     device_vocabulary_size: without dynamic expansion, the rows a table
       keeps (least frequent evicted beyond it).
     optimizer_list: one HashOptimizer (mxRec takes a list).
