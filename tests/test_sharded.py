@@ -484,19 +484,26 @@ def test_explicit_path_apply_gradients_equals_reference(strategy):
              for s in range(3)]
   with strategy.scope():
     lookup = h.sharded_lookup(configs, train_in_backward=False)
-  initial = lookup.table_values()
-  _, want = h.reference_run(configs, initial, batches)
-  optimizer = h.sparse_optimizer("adam")
+  assert_explicit_training_equals_reference(strategy, lookup, configs, batches, "adam")
+
+
+def assert_explicit_training_equals_reference(strategy, lookup, configs, batches, kind):
+  """Trains `lookup` (train_in_backward=False) on `batches` by applying
+  each replica's IndexedSlices for its tables' local variables with a tfde
+  sparse optimizer of `kind`; its tables equal the numpy reference."""
+  n = strategy.num_replicas_in_sync
+  _, want = h.reference_run(configs, lookup.table_values(), batches)
+  optimizer = h.sparse_optimizer(kind)
 
   @tf.function
   def step(inputs, weights, targets):
     def replica_step(inputs, weights, targets):
-      shards = [v for name in sorted(lookup.tables)
-                for v in lookup.tables[name].local_variables()]
+      variables = [v for name in sorted(lookup.tables)
+                   for v in lookup.tables[name].local_variables()]
       with tf.GradientTape() as tape:
         loss = h.replica_loss(lookup(inputs, weights), targets)
-      grads = tape.gradient(loss, shards)
-      optimizer.apply_gradients(zip(grads, shards))
+      grads = tape.gradient(loss, variables)
+      optimizer.apply_gradients(zip(grads, variables))
     strategy.run(replica_step, args=(inputs, weights, targets))
 
   for batch in batches:

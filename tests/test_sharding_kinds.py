@@ -10,7 +10,8 @@ import tensorflow as tf
 
 import tfde
 from tests import sharded_harness as h
-from tests.test_sharded import ATOL, RTOL, distribute, make_step, mirrored
+from tests.test_sharded import (ATOL, RTOL, assert_explicit_training_equals_reference,
+                                 distribute, make_step, mirrored)
 
 STEPS = 3
 
@@ -310,24 +311,4 @@ def test_explicit_gradients_apply_as_the_reference(strategy, layout):
   with strategy.scope():
     lookup = tfde.lookup.ShardedLookup(configs, plan=make_plan(layout, n),
                                        train_in_backward=False)
-  initial = lookup.table_values()
-  _, want = h.reference_run(configs, initial, batches)
-  optimizer = h.sparse_optimizer("adam")
-
-  @tf.function
-  def step(inputs, weights, targets):
-    def replica_step(inputs, weights, targets):
-      variables = [v for name in sorted(lookup.tables)
-                   for v in lookup.tables[name].local_variables()]
-      with tf.GradientTape() as tape:
-        loss = h.replica_loss(lookup(inputs, weights), targets)
-      grads = tape.gradient(loss, variables)
-      optimizer.apply_gradients(zip(grads, variables))
-    strategy.run(replica_step, args=(inputs, weights, targets))
-
-  for batch in batches:
-    per = [h.replica_inputs(batch, r, n) for r in range(n)]
-    step(*[distribute(strategy, [p[i] for p in per]) for i in range(3)])
-  for name, table in lookup.tables.items():
-    np.testing.assert_allclose(table.full_table(), want[name], rtol=RTOL,
-                               atol=ATOL, err_msg=f"table {name}")
+  assert_explicit_training_equals_reference(strategy, lookup, configs, batches, "adam")
