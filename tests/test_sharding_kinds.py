@@ -312,3 +312,38 @@ def test_explicit_gradients_apply_as_the_reference(strategy, layout):
     lookup = tfde.lookup.ShardedLookup(configs, plan=make_plan(layout, n),
                                        train_in_backward=False)
   assert_explicit_training_equals_reference(strategy, lookup, configs, batches, "adam")
+
+
+class _TwoRanks:
+  """What HorovodCommunicator reads of `horovod.tensorflow`: 2 ranks."""
+
+  def size(self):
+    return 2
+
+  def rank(self):
+    return 0
+
+
+def test_under_horovod_a_group_without_rows_on_a_rank_is_refused(monkeypatch):
+  """A traced Horovod training step hangs where some rank holds none of an
+  exchange group's rows (notes/session20/horovod_hang.txt): such a lookup
+  is refused when built, naming the tables and ranks; a table-wise plan
+  whose group has rows on every rank is built."""
+  communicator = tfde.comm.HorovodCommunicator(_TwoRanks())
+  monkeypatch.setattr(tfde.comm, "current", lambda: communicator)
+  L = tfde.planner.TableLayout
+
+  def build(layouts, widths):
+    tables = {n: tfde.TableConfig(name=n, vocabulary_size=8, embedding_dim=w)
+              for n, w in widths.items()}
+    return tfde.lookup.ShardedLookup(
+        {n.lower(): tfde.FeatureConfig(name=n.lower(), table=t) for n, t in tables.items()},
+        plan=tfde.planner.ShardingPlan(2, layouts))
+
+  with pytest.raises(NotImplementedError, match=r"tables \['A'\]: replicas \[1\] hold none "
+                                                r"of their rows, and a traced training step"):
+    build({"A": L("table_wise", [0]), "B": L("table_wise", [1])}, {"A": 1, "B": 2})
+  with pytest.raises(NotImplementedError, match=r"replicas \[0\] hold none"):
+    build({"C": L("column_wise", [1, 1], [1, 2])}, {"C": 3})
+  lookup = build({"A": L("table_wise", [0]), "B": L("table_wise", [1])}, {"A": 2, "B": 2})
+  assert sorted(lookup.tables) == ["A", "B"]

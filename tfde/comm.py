@@ -77,6 +77,9 @@ class Communicator(abc.ABC):
   """One way of exchanging data between the N replicas of a step."""
 
   num_replicas: int
+  # Why this runtime cannot train a lookup in which some replica holds none
+  # of an exchange group's rows (None: it can).
+  groups_without_rows_refused = None
 
   def __init__(self, num_replicas):
     self.num_replicas = num_replicas
@@ -463,6 +466,15 @@ class MultiWorkerCommunicator(Communicator):
 class HorovodCommunicator(Communicator):
   """Horovod (`horovodrun`): one process per replica, `hvd.alltoall`
   with splits, which takes variable-size chunks directly."""
+
+  # Measured (notes/session20/horovod_hang.txt): a tf.function training
+  # step of such a lookup blocks in an alltoall of the backward on every
+  # rank; the cause is not found. Refused rather than left to hang.
+  groups_without_rows_refused = (
+      "a traced training step of such a lookup hangs under Horovod (a known "
+      "defect); give each width's tables owners on every rank (row_wise, or "
+      "table_wise tables of one width spread over the ranks), or use "
+      "MultiWorkerMirroredStrategy")
 
   def __init__(self, hvd):
     super().__init__(hvd.size())

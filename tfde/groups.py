@@ -102,6 +102,11 @@ class TableGroup:
   def gradient_variables(self, replica):
     return [t.gradient_variable(replica) for t in self.tables]
 
+  def replicas_without_rows(self):
+    """The replicas that hold none of this group's rows (table-wise tables
+    all owned elsewhere)."""
+    return []
+
   def device(self, replica):
     """Where this group's rows on `replica` live (None: not known), so
     that the ops can pick kernels that exist there."""
@@ -162,6 +167,11 @@ class StaticGroup(TableGroup):
   def fused_ids(self, features):
     return tf.concat([self.layout.fused_ids(self.index[f.table.name], f.ids)
                       for f in features], 0)
+
+  def replicas_without_rows(self):
+    if self.replicated or self.num_shards == 1:
+      return []
+    return [r for r in range(self.num_shards) if not self.layout.tables_on(r)]
 
   def _local_tables(self, replica):
     """The tables with rows on `replica`, and their local bases."""
