@@ -407,8 +407,8 @@ def test_a_chain_of_another_model_is_refused_before_any_table_changes(tmp_path, 
   other = build(["A", "B"])
   train(other, 7)
   before = h.table_states(other)
-  with pytest.raises(ValueError, match=r"(lacks the tables \['lookup/tables/B'\]|"
-                                       r"holds the tables \['lookup/tables/A'\])"):
+  with pytest.raises(ValueError, match=r"lacks the tables \['lookup/tables/B'\] of the "
+                                       r"model .*nothing was restored"):
     tfde.checkpoint.DeltaCheckpointManager(tf.train.Checkpoint(lookup=other), tmp_path).restore()
   h.assert_states_unchanged(before, other)
   if chain == "full and delta":

@@ -18,6 +18,22 @@ def _numpy_tables(layer):
 # ----------------------------------------------------------------- configs
 
 
+def test_default_rows_have_keras_rs_spread():
+  """keras-rs's default initializer, VarianceScaling(mode="fan_out"): rows
+  of standard deviation 1/sqrt(width) = 0.25 at width 16, in a static
+  table (drawn in chunks), a dynamic one (drawn per id in its kernel), and
+  a TPU table config, which TPU embedding calls with its padded width."""
+  def lookup(name, vocabulary_size):
+    return tfde.lookup.ShardedLookup({"f": tfde.FeatureConfig(name="f", table=tfde.TableConfig(
+        name=name, vocabulary_size=vocabulary_size, embedding_dim=16))})
+  assert abs(np.std(lookup("s", 20000).tables["s"].full_table()) - 0.25) < 0.005
+  rows = lookup("d", None)({"f": tf.range(4000, dtype=tf.int64)[:, None]}, training=False)
+  assert abs(np.std(rows["f"].numpy()) - 0.25) < 0.01
+  tpu_table = tfde.tpu.configs.to_tpu_table_config(
+      tfde.TableConfig(name="t", vocabulary_size=20000, embedding_dim=16))
+  assert abs(np.std(tpu_table.initializer(shape=(20000, 24)).numpy()) - 0.25) < 0.005
+
+
 def test_configs_round_trip_and_share_tables():
   table = tfde.layers.TableConfig(
       name="t", vocabulary_size=100, embedding_dim=8, combiner="sqrtn",

@@ -512,6 +512,10 @@ def assert_explicit_training_equals_reference(strategy, lookup, configs, batches
   for name, table in lookup.tables.items():
     np.testing.assert_allclose(table.full_table(), want[name], rtol=RTOL,
                                atol=ATOL, err_msg=f"table {name}")
+    # Every replica's step, a holder's or not (Adam's bias correction and
+    # the exchanges' stamps read it), and every column slice's.
+    for part in getattr(table, "slices", [table]):
+      assert {int(s.numpy()) for s in part.steps.values()} == {len(batches)}, part.name
 
 
 def test_apply_gradients_rejects_foreign_variables_and_kinds():

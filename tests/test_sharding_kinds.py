@@ -248,6 +248,14 @@ def test_a_column_wise_table_refuses_to_switch_to_clipnorm():
                                        "gradient, and a column-wise"):
     table.use_optimizer(tfde.optimizers.SGD(learning_rate=0.1, clipnorm=1.0))
   assert table.optimizer is before and all(s.optimizer is before for s in table.slices)
+  # Nor through an explicit update of a slice's variable.
+  variable = table.local_variables()[0]
+  rows = table.slices[0].full_table().copy()
+  with pytest.raises(ValueError, match="table 'A_columns_0_2': clipnorm clips each row's "
+                                       "whole gradient, and a column-wise"):
+    tfde.optimizers.SGD(learning_rate=0.1, clipnorm=1.0).apply_gradients([(tf.IndexedSlices(
+        tf.ones([1, 2]), tf.constant([0], tf.int64), tf.constant([37, 2], tf.int64)), variable)])
+  np.testing.assert_array_equal(table.slices[0].full_table(), rows)
   table.use_optimizer(tfde.optimizers.SGD(learning_rate=0.1, clipvalue=1.0))
   assert all(s.optimizer.clipvalue == 1.0 for s in table.slices)
 
@@ -334,8 +342,9 @@ def test_under_horovod_a_group_without_rows_on_a_rank_is_refused(monkeypatch):
   L = tfde.planner.TableLayout
 
   def build(layouts, widths):
-    tables = {n: tfde.TableConfig(name=n, vocabulary_size=8, embedding_dim=w)
-              for n, w in widths.items()}
+    # A width of None: a dynamic table of width 2.
+    tables = {n: tfde.TableConfig(name=n, vocabulary_size=None if w is None else 8,
+                                  embedding_dim=w or 2) for n, w in widths.items()}
     return tfde.lookup.ShardedLookup(
         {n.lower(): tfde.FeatureConfig(name=n.lower(), table=t) for n, t in tables.items()},
         plan=tfde.planner.ShardingPlan(2, layouts))
@@ -345,5 +354,7 @@ def test_under_horovod_a_group_without_rows_on_a_rank_is_refused(monkeypatch):
     build({"A": L("table_wise", [0]), "B": L("table_wise", [1])}, {"A": 1, "B": 2})
   with pytest.raises(NotImplementedError, match=r"replicas \[0\] hold none"):
     build({"C": L("column_wise", [1, 1], [1, 2])}, {"C": 3})
+  with pytest.raises(NotImplementedError, match=r"tables \['D'\]: replicas \[0\] hold none"):
+    build({"D": L("table_wise", [1])}, {"D": None})
   lookup = build({"A": L("table_wise", [0]), "B": L("table_wise", [1])}, {"A": 2, "B": 2})
   assert sorted(lookup.tables) == ["A", "B"]

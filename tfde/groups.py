@@ -274,6 +274,10 @@ class DynamicGroup(TableGroup):
   def fused_ids(self, features):
     return tf.concat([f.ids for f in features], 0)
 
+  def replicas_without_rows(self):
+    # A table-wise dynamic table lives on its owner alone.
+    return [r for r in range(self.num_shards) if not self.table.holds_rows(r)]
+
   def lookup_local(self, replica, requested, counts, training):
     return self.table.lookup_local(replica, requested, counts, training)
 

@@ -31,16 +31,15 @@ CHUNK_ROWS = 65536
 _TRUNCATED_STDDEV = 0.87962566103423978
 
 
-def default(embedding_dim):
+def default():
   """keras-rs's default, as its code has it: `VarianceScaling(mode=
   "fan_out")`, a normal truncated at two deviations whose rows' standard
   deviation is 1/sqrt(width) (its docstring's TruncatedNormal of that
   stddev would give 0.88 of it).
 
-  >>> round(float(np.std(default(16)(shape=(20000, 16)))), 2)
+  >>> round(float(np.std(default()(shape=(20000, 16)))), 2)
   0.25
   """
-  del embedding_dim  # the initializer reads the width from the shape
   import keras  # pylint: disable=g-import-not-at-top
   return keras.initializers.VarianceScaling(mode="fan_out")
 
@@ -77,7 +76,7 @@ def resolve(initializer, table_name, embedding_dim=None):
   import keras  # pylint: disable=g-import-not-at-top
   init = keras.initializers
   if initializer is None:
-    return default(embedding_dim)
+    return default()
   if is_array(initializer):
     return initializer
   if isinstance(initializer, init.Initializer):
@@ -167,6 +166,26 @@ def shard_value(config, num_shards, shard):
     pieces.append(tf.cast(values, tf.float32)[first::num_shards])
   value = tf.concat(pieces, 0)
   return tf.pad(value, [[0, per_shard - tf.shape(value)[0]], [0, 0]])
+
+
+def of_width(initializer, dim, table_name):
+  """`initializer` as one that does not read the row width from the shape
+  it is called with: a fan_out VarianceScaling (the default) becomes the
+  distribution it draws at width `dim`. For engines that pad rows (TPU
+  embedding pads widths to multiples of 8), whose padded width would
+  otherwise scale the rows.
+
+  >>> type(of_width(default(), 16, "t")).__name__
+  'TruncatedNormal'
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  init = keras.initializers
+  if not (isinstance(initializer, init.VarianceScaling) and initializer.mode == "fan_out"):
+    return initializer
+  kind, a, b = per_id(initializer, dim, table_name)
+  return {"truncated_normal": lambda: init.TruncatedNormal(a, b),
+          "normal": lambda: init.RandomNormal(a, b),
+          "uniform": lambda: init.RandomUniform(a, b)}[kind]()
 
 
 def per_id(initializer, dim, table_name):

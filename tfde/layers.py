@@ -324,8 +324,10 @@ class DistributedEmbedding(keras.layers.Layer):
     returns: a copy, not the variables), gathered from its shards; a
     dynamic table gives its `export_rows()` dict of numpy arrays (ids,
     table, slots, counts)."""
-    return {name: value if isinstance(value, dict) else tf.constant(value)
-            for name, value in self._lookup.table_values().items()}
+    # On the host: a whole sharded table may not fit one accelerator.
+    with tf.device("/device:CPU:0"):
+      return {name: value if isinstance(value, dict) else tf.constant(value)
+              for name, value in self._lookup.table_values().items()}
 
   # ---- saving: whole tables, so a model reloads under any replica count
   #

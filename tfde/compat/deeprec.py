@@ -51,8 +51,9 @@ def _check_lists(params, sp_ids, combiners, sp_weights, partition_strategy):
     raise ValueError("params and sp_ids must be lists, one entry per feature")
   if combiners is None:
     # DeepRec's default, with its warning.
-    logging.warning("group_embedding_lookup_sparse: combiners=None, so every "
-                    "feature's combiner is 'mean'")
+    logging.getLogger(__name__).warning(
+        "group_embedding_lookup_sparse: combiners=None, so every feature's "
+        "combiner is 'mean'")
     combiners = ["mean"] * len(params)
   if isinstance(combiners, str):
     combiners = [combiners] * len(params)

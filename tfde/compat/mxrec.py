@@ -144,6 +144,10 @@ def _optimizer_module(kind, defaults, renames=None, by_address_defaults=None):
             "optimizers have no weight decay (mxRec's gradient_descent."
             "create_hash_optimizer_by_addr decays by 0.0001 unless given "
             "weight_decay); pass weight_decay=0 to train without it")
+      if kind == "adagrad" and not hyper["initial_accumulator_value"] > 0:
+        raise ValueError("mxRec's adagrad divides by the accumulators' square root (no "
+                         "epsilon): initial_accumulator_value must be positive, got "
+                         f"{hyper['initial_accumulator_value']!r}")
       if learning_rate is None:
         learning_rate = hyper.pop("learning_rate", None)
       hyper.pop("learning_rate", None)

@@ -540,8 +540,10 @@ def dynamic_initial_values(spec, ids):
   n = tf.size(ids)
   seed_key = mix_keys(tf.bitcast(tf.constant([spec.seed], tf.int64), tf.uint64))
   key = mix_keys(tf.bitwise.bitwise_xor(tf.bitcast(ids, tf.uint64), seed_key))
-  a = tf.constant(spec.initializer_a, tf.float64)
-  b = tf.constant(spec.initializer_b, tf.float64)
+  # The kernel's attributes are float32: the same parameters, rounded so,
+  # then drawn in float64 as it does.
+  a = tf.cast(tf.constant(spec.initializer_a, tf.float32), tf.float64)
+  b = tf.cast(tf.constant(spec.initializer_b, tf.float32), tf.float64)
   kind = spec.initializer
   if kind == "zeros":
     v = tf.zeros([n, spec.dim], tf.float64)

@@ -177,6 +177,9 @@ class Table(tf.Module):
     if optimizer.kind != self.optimizer.kind:
       raise ValueError(f"table {self.name!r} keeps slots for "
                        f"{self.optimizer.kind!r}, not {optimizer.kind!r}")
+    # An optimizer handed to an update (explicit training) is held to what
+    # the table's kind can apply, as a configured one is.
+    check_slot_layout(self, optimizer)
     return optimizer
 
   is_dynamic = False

@@ -95,6 +95,10 @@ class ColumnWiseTable(base.Table):
       self.slices.append(table_wise.TableWiseTable(slice_config, owner, self.comm,
                                                    initial_value=initial))
       start = stop
+    for s in self.slices:
+      # A slice holds no whole row either: an optimizer handed to a
+      # slice's update (explicit training) is refused as the table's is.
+      s.row_wise_slots_refused = s.row_norms_refused = self.row_norms_refused
     self.steps = self.slices[0].steps
     self.skips = self.slices[0].skips
 

@@ -18,7 +18,8 @@ def to_tpu_table_config(table, iterations=None):
   if table.is_dynamic:
     raise ValueError(f"table {table.name!r} is dynamic (vocabulary_size=None); "
                      "TPU embedding tables have a fixed vocabulary")
-  initializer = table.initializer
+  # TPU embedding pads the width it calls the initializer with.
+  initializer = initializers.of_width(table.initializer, table.embedding_dim, table.name)
   if initializers.is_array(initializer):
     value = np.asarray(initializer, np.float32)
     initializer = lambda shape, dtype=tf.float32, **_: tf.constant(value, dtype)
