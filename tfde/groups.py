@@ -255,8 +255,9 @@ class StaticGroup(TableGroup):
     # A table held elsewhere gets an empty gradient here: applied, it
     # advances the table's step on this replica too.
     for table in self.tables:
-      if id(table.gradient_variable(replica)) not in slices:
-        slices[id(table.gradient_variable(replica))] = table.gradient_slices(
+      key = id(table.gradient_variable(replica))
+      if key not in slices:
+        slices[key] = table.gradient_slices(
             replica, tf.zeros([0], owned.dtype), tf.zeros([0, self.width]))
     return slices
 

@@ -148,9 +148,8 @@ def _optimizer_module(kind, defaults, renames=None, by_address_defaults=None):
         raise ValueError("mxRec's adagrad divides by the accumulators' square root (no "
                          "epsilon): initial_accumulator_value must be positive, got "
                          f"{hyper['initial_accumulator_value']!r}")
-      if learning_rate is None:
-        learning_rate = hyper.pop("learning_rate", None)
-      hyper.pop("learning_rate", None)
+      default_rate = hyper.pop("learning_rate", None)
+      learning_rate = default_rate if learning_rate is None else learning_rate
       return HashOptimizer(cls(learning_rate=learning_rate, **hyper))
     return create
 
