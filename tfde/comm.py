@@ -68,6 +68,30 @@ def local_variable(initial_value, name, trainable=False, device=None):
         initial_value, name=name, trainable=trainable)
 
 
+def one_read_from(tensors):
+  """The int64 scalar 1, computed from the sizes of `tensors` (or of the
+  tensor fields of a `tfde.ops.BagGradients`): an op that takes it reads
+  them as data.
+
+  >>> import tensorflow as tf
+  >>> int(one_read_from([tf.zeros([0, 4]), tf.constant([3, 5])]))
+  1
+
+  Horovod's collectives are not stateful ops, so Grappler's dependency
+  optimizer turns one whose outputs feed only control edges into a no-op:
+  that rank then never joins the exchange, and its peers wait for it
+  forever (notes/session21/horovod_hang.txt). A replica that receives an
+  exchange's result only to order an update after it (one holding none of
+  a table's rows) takes this value instead of a control dependency.
+  """
+  flat = []
+  for value in tensors:  # tensors, or gradients kept as a dataclass of them
+    flat += ([getattr(value, f.name) for f in dataclasses.fields(value)]
+             if dataclasses.is_dataclass(value) else [value])
+  sizes = [tf.size(t, out_type=tf.int64) for t in flat if isinstance(t, tf.Tensor)]
+  return tf.cast(tf.add_n(sizes) >= 0, tf.int64)
+
+
 def _row_bytes(data):
   row_elements = tf.reduce_prod(tf.shape(data, out_type=tf.int64)[1:])
   return row_elements * data.dtype.size
@@ -77,9 +101,6 @@ class Communicator(abc.ABC):
   """One way of exchanging data between the N replicas of a step."""
 
   num_replicas: int
-  # Why this runtime cannot train a lookup in which some replica holds none
-  # of an exchange group's rows (None: it can).
-  groups_without_rows_refused = None
 
   def __init__(self, num_replicas):
     self.num_replicas = num_replicas
@@ -467,15 +488,6 @@ class HorovodCommunicator(Communicator):
   """Horovod (`horovodrun`): one process per replica, `hvd.alltoall`
   with splits, which takes variable-size chunks directly."""
 
-  # Measured (notes/session20/horovod_hang.txt): a tf.function training
-  # step of such a lookup blocks in an alltoall of the backward on every
-  # rank; the cause is not found. Refused rather than left to hang.
-  groups_without_rows_refused = (
-      "a traced training step of such a lookup hangs under Horovod (a known "
-      "defect); give each width's tables owners on every rank (row_wise, or "
-      "table_wise tables of one width spread over the ranks), or use "
-      "MultiWorkerMirroredStrategy")
-
   def __init__(self, hvd):
     super().__init__(hvd.size())
     self._hvd = hvd
@@ -489,16 +501,16 @@ class HorovodCommunicator(Communicator):
     return self._rank
 
   def gather_replica_values(self, values_by_replica):
-    value = tf.convert_to_tensor(values_by_replica[self._rank])
-    return self._hvd.allgather(value[None], name=f"tfde_gather_{self._call_sites.next()}")
+    value = _not_foldable(tf.convert_to_tensor(values_by_replica[self._rank])[None])
+    return self._hvd.allgather(value, name=f"tfde_gather_{self._call_sites.next()}")
 
   def _name(self):
     # Horovod matches collectives across ranks by name.
     return f"tfde_all_to_all_{self._call_sites.next()}"
 
   def _exchange_counts(self, payload):
-    ones = tf.ones([self.num_replicas], tf.int32)
-    received = self._hvd.alltoall(payload, splits=ones, name=self._name(),
+    ones = _not_foldable(tf.ones([self.num_replicas], tf.int32))
+    received = self._hvd.alltoall(_not_foldable(payload), splits=ones, name=self._name(),
                                   ignore_name_scope=True)
     if isinstance(received, tuple):  # newer Horovod returns the splits too
       received = received[0]
@@ -507,9 +519,28 @@ class HorovodCommunicator(Communicator):
   def all_to_all(self, data, plan):
     counted = self._count_bytes(data, plan.send_counts, self._rank)
     with tf.control_dependencies([counted]):
-      received = self._hvd.alltoall(data, splits=tf.cast(plan.send_counts, tf.int32),
-                                    name=self._name(), ignore_name_scope=True)
+      received = self._hvd.alltoall(
+          _not_foldable(data), splits=_not_foldable(tf.cast(plan.send_counts, tf.int32)),
+          name=self._name(), ignore_name_scope=True)
     return received[0] if isinstance(received, tuple) else received
+
+
+def _not_foldable(tensor):
+  """`tensor`, through an op that graph optimizers never fold.
+
+  Horovod's collectives are not stateful ops: where all of one's inputs
+  are constants in a traced step (a batch of static shape, a sum's output
+  gradient of ones), TensorFlow's constant folding runs the collective
+  while optimizing the graph, on each rank at its own moment and in its
+  own order, and the ranks block in each other's optimizers
+  (notes/session21/horovod_hang.txt). A stateful op is never folded; a
+  placeholder with a default is (by the runtime's folder, not Grappler's).
+  `Print` is stateful, forwards its input and, told to print the first 0
+  times, prints nothing.
+  """
+  if tf.executing_eagerly():
+    return tensor
+  return tf.raw_ops.Print(input=tensor, data=[], message="", first_n=0)
 
 
 _by_strategy = weakref.WeakKeyDictionary()

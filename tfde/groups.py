@@ -21,6 +21,7 @@ import collections
 
 import tensorflow as tf
 
+from tfde import comm as comm_lib
 from tfde import group_step
 from tfde import ops
 from tfde import routing
@@ -102,11 +103,6 @@ class TableGroup:
   def gradient_variables(self, replica):
     return [t.gradient_variable(replica) for t in self.tables]
 
-  def replicas_without_rows(self):
-    """The replicas that hold none of this group's rows (table-wise tables
-    all owned elsewhere)."""
-    return []
-
   def device(self, replica):
     """Where this group's rows on `replica` live (None: not known), so
     that the ops can pick kernels that exist there."""
@@ -167,11 +163,6 @@ class StaticGroup(TableGroup):
   def fused_ids(self, features):
     return tf.concat([self.layout.fused_ids(self.index[f.table.name], f.ids)
                       for f in features], 0)
-
-  def replicas_without_rows(self):
-    if self.replicated or self.num_shards == 1:
-      return []
-    return [r for r in range(self.num_shards) if not self.layout.tables_on(r)]
 
   def _local_tables(self, replica):
     """The tables with rows on `replica`, and their local bases."""
@@ -238,13 +229,20 @@ class StaticGroup(TableGroup):
     applied = [table.apply_gradient(replica, rows, grads, grad_rows=grad_rows,
                                     finite=finite[table.name])
                for table, rows, grad_rows in local]
-    # Tables held elsewhere only advance their step here.
+    # Tables held elsewhere only advance their step here, after reading
+    # what the exchange brought (none of their rows; see `_nothing_from`).
     held = {id(t) for t, _, _ in local}
-    empty = tf.zeros([0], owned.dtype)
-    applied += [table.apply_gradient(replica, empty, tf.zeros([0, self.width]),
+    applied += [table.apply_gradient(replica, *self._nothing_from(owned, grads),
                                      finite=finite[table.name])
                 for table in self.tables if id(table) not in held]
     return applied
+
+  def _nothing_from(self, owned, grads):
+    """Empty rows and gradients for a table held elsewhere, sized from the
+    exchange's results: an update or a gradient that reads them keeps that
+    exchange alive on this replica (`tfde.comm.one_read_from`)."""
+    none = comm_lib.one_read_from([owned, grads]) - 1
+    return tf.zeros([none], owned.dtype), tf.zeros([none, self.width])
 
   def gradient_slices(self, replica, owned, grads):
     slices = {}
@@ -257,8 +255,7 @@ class StaticGroup(TableGroup):
     for table in self.tables:
       key = id(table.gradient_variable(replica))
       if key not in slices:
-        slices[key] = table.gradient_slices(
-            replica, tf.zeros([0], owned.dtype), tf.zeros([0, self.width]))
+        slices[key] = table.gradient_slices(replica, *self._nothing_from(owned, grads))
     return slices
 
 
@@ -274,10 +271,6 @@ class DynamicGroup(TableGroup):
 
   def fused_ids(self, features):
     return tf.concat([f.ids for f in features], 0)
-
-  def replicas_without_rows(self):
-    # A table-wise dynamic table lives on its owner alone.
-    return [r for r in range(self.num_shards) if not self.table.holds_rows(r)]
 
   def lookup_local(self, replica, requested, counts, training):
     return self.table.lookup_local(replica, requested, counts, training)

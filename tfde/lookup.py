@@ -183,12 +183,6 @@ class ShardedLookup(tf.Module):
         self._lookup_tables[part.name] = part
     self._groups = groups_lib.make_groups(self._lookup_tables, table_stacking,
                                           self.comm.num_replicas)
-    refused = self.comm.groups_without_rows_refused
-    for group in self._groups if refused else []:
-      missing = group.replicas_without_rows()
-      if missing:
-        raise NotImplementedError(f"tables {[t.name for t in group.tables]}: replicas "
-                                  f"{missing} hold none of their rows, and {refused}")
     if update_trigger is None:
       with tf.init_scope():
         update_trigger = tf.Variable(0.0, trainable=True,

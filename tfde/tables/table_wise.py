@@ -77,8 +77,10 @@ class OwnedRows:
     self.update_optimizer(optimizer)  # the holders' check, where there are no rows
 
     def apply():
-      with tf.control_dependencies([rows]):
-        return self.steps[replica].assign_add(1)
+      # The step's increment reads the exchanged gradients: under Horovod a
+      # control edge alone would let Grappler drop the exchange here.
+      return self.steps[replica].assign_add(
+          comm_lib.one_read_from([rows, grads]))
 
     with tf.device(self.comm.replica_device(replica)):
       return self.guard_nonfinite(replica, finite, apply)
@@ -199,8 +201,9 @@ class DynamicTableWiseTable(dynamic.DynamicTable):
     self.update_optimizer(optimizer)  # the owner's check, where there are no rows
 
     def apply():
-      with tf.control_dependencies([rows, grads]):
-        return self.steps[replica].assign_add(1)
+      # As `OwnedRows.apply_gradient`'s: the increment reads the gradients.
+      return self.steps[replica].assign_add(
+          comm_lib.one_read_from([rows, grads]))
 
     with tf.device(self.comm.replica_device(replica)):
       return self.guard_nonfinite(replica, finite, apply)

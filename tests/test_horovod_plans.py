@@ -1,0 +1,146 @@
+"""Plans in which a rank holds none of an exchange group's rows, under
+Horovod: their collectives survive TensorFlow's graph optimizers, and
+2-rank `horovodrun` jobs train them as the unsharded reference does.
+
+Horovod's collectives are not stateful ops, so the optimizers may treat
+them as pure computations: constant folding runs one whose inputs are all
+constants while optimizing the graph (each rank at its own moment, so the
+ranks block in each other's optimizers), and the dependency optimizer turns
+one whose results feed only control edges into a no-op (that rank never
+joins, and its peers wait forever). Both hung real `horovodrun` jobs where
+a rank holds none of a group's rows (notes/session21/horovod_hang.txt).
+
+Here a stand-in for `horovod.tensorflow` makes each collective a stateless
+op, as Horovod's are, and the traced step is optimized by Grappler as a
+session would (constant folding and the dependency optimizer, on the
+step's fetches): every collective must come out as it went in. Then the
+2-rank runs (with the helpers of tests/test_multiprocess.py).
+"""
+
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.grappler import tf_optimizer
+
+import tfde
+from tests.test_multiprocess import (TIMEOUT_S, _check_against_reference, _check_dynamic,
+                                     _dynamic_batches, _horovodrun, _write_batches)
+
+L = tfde.planner.TableLayout
+
+# Each plan leaves some rank without rows of some exchange group.
+PLANS = {
+    # A table-wise table alone in its width on each rank.
+    "table_wise_widths": ({"A": 1, "B": 2},
+                          {"A": L("table_wise", [0]), "B": L("table_wise", [1])}),
+    # A table-wise table beside a row-wise one of another width (the sum's
+    # output gradient of ones made the pooled exchange's inputs constants).
+    "table_wise_beside_row_wise": ({"A": 1, "B": 3},
+                                   {"A": L("table_wise", [0]), "B": L("row_wise", [0, 1])}),
+    # Column slices of uneven widths, on the two ranks.
+    "column_wise_uneven": ({"C": 3}, {"C": L("column_wise", [0, 1], [1, 2])}),
+    # A dynamic table whole on rank 1 (a width of None: dynamic, 2 wide).
+    "dynamic_table_wise": ({"D": None}, {"D": L("table_wise", [1])}),
+}
+
+
+class _StandInHorovod:
+  """What HorovodCommunicator reads of `horovod.tensorflow`: rank `rank`
+  of 2, and collectives that are stateless ops (a cumulative sum stands in
+  for the exchange: only the graph is examined). Records their node names."""
+
+  def __init__(self, rank):
+    self._rank = rank
+    self.collectives = []
+
+  def size(self):
+    return 2
+
+  def rank(self):
+    return self._rank
+
+  def _collective(self, tensor):
+    out = tf.raw_ops.Cumsum(x=tensor, axis=tf.constant(0))
+    self.collectives.append(out.op.name)
+    return out
+
+  def alltoall(self, tensor, splits=None, name=None, ignore_name_scope=False):
+    del name, ignore_name_scope
+    return self._collective(tensor), splits
+
+  def allgather(self, tensor, name=None):
+    del name
+    return self._collective(tf.concat([tensor, tensor], 0))
+
+
+def _optimized(graph, fetches):
+  """`graph` as Grappler's constant folding and dependency optimizer leave
+  it, with `fetches` (op names) kept."""
+  meta = tf.compat.v1.train.export_meta_graph(graph_def=graph.as_graph_def(),
+                                                graph=graph)
+  meta.collection_def["train_op"].node_list.value.extend(fetches)
+  config = config_pb2.ConfigProto()
+  rewrites = config.graph_options.rewrite_options
+  rewrites.min_graph_nodes = -1
+  rewrites.optimizers[:] = ["constfold", "dependency"]
+  return tf_optimizer.OptimizeGraph(config, meta)
+
+
+def _lookup(widths, layouts):
+  tables = {n: tfde.TableConfig(name=n, vocabulary_size=None if w is None else 8,
+                                embedding_dim=w or 2,
+                                optimizer=tfde.optimizers.SGD(learning_rate=0.5))
+            for n, w in widths.items()}
+  return tfde.lookup.ShardedLookup(
+      {n.lower(): tfde.FeatureConfig(name=n.lower(), table=t) for n, t in tables.items()},
+      plan=tfde.planner.ShardingPlan(2, layouts), auto_replicate_bytes=0)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("plan", sorted(PLANS))
+def test_every_collective_of_a_traced_training_step_survives_the_optimizers(
+    monkeypatch, plan, rank):
+  hvd = _StandInHorovod(rank)
+  communicator = tfde.comm.HorovodCommunicator(hvd)
+  monkeypatch.setattr(tfde.comm, "current", lambda: communicator)
+  lookup = _lookup(*PLANS[plan])
+
+  @tf.function
+  def train(ids):
+    with tf.GradientTape() as tape:
+      outputs = lookup({name: ids for name in lookup.feature_configs})
+      loss = tf.add_n([tf.reduce_sum(out) for out in outputs.values()])
+    tape.gradient(loss, lookup.trainable_variables)
+    return loss
+
+  graph = train.get_concrete_function(tf.TensorSpec([2, 1], tf.int64)).graph
+  assert len(hvd.collectives) >= 4, hvd.collectives  # the forward's and the backward's
+  fetches = [t.op.name for t in graph.outputs] + [op.name for op in graph.control_outputs]
+  kinds = {node.name: node.op for node in _optimized(graph, fetches).node}
+  changed = {name: kinds.get(name) for name in hvd.collectives if kinds.get(name) != "Cumsum"}
+  assert not changed, (f"rank {rank}: collectives folded, dropped or made no-ops "
+                       f"by the optimizers: {changed}")
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("layouts,optimizer", [("mixed", "adam"), ("column_wise", "ftrl")])
+def test_horovod_two_ranks_under_a_plan(tmp_path, layouts, optimizer):
+  """"mixed" puts B, alone in its group, whole on rank 1; "column_wise"
+  puts C's 1-wide slice on rank 1 alone. The first step's outputs and 10
+  steps' tables equal the numpy reference."""
+  batches_path, batches = _write_batches(str(tmp_path), optimizer)
+  _horovodrun(tmp_path, ["tests.multiprocess_worker", "--mode", "horovod",
+                         "--optimizer", optimizer, "--batches", batches_path,
+                         "--out", str(tmp_path), "--layouts", layouts])
+  _check_against_reference(str(tmp_path), optimizer, batches, whole_tables=True)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_dynamic_table_wise_table_under_horovod(tmp_path):
+  """A dynamic table whole on rank 1, which hung under Horovod (rank 0
+  holds none of it): outputs and the gathered table equal the dict oracle."""
+  batches_path, batches = _dynamic_batches(str(tmp_path))
+  _horovodrun(tmp_path, ["tests.dynamic_worker", "--mode", "horovod", "--optimizer",
+                         "ftrl", "--batches", batches_path, "--out", str(tmp_path),
+                         "--layouts", "table_wise"])
+  _check_dynamic(str(tmp_path), "ftrl", batches)
