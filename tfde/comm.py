@@ -501,17 +501,38 @@ class HorovodCommunicator(Communicator):
     return self._rank
 
   def gather_replica_values(self, values_by_replica):
-    value = _not_foldable(tf.convert_to_tensor(values_by_replica[self._rank])[None])
+    value = _stateful_identity(tf.convert_to_tensor(values_by_replica[self._rank])[None])
     return self._hvd.allgather(value, name=f"tfde_gather_{self._call_sites.next()}")
 
   def _name(self):
     # Horovod matches collectives across ranks by name.
     return f"tfde_all_to_all_{self._call_sites.next()}"
 
+  def _splits(self, counts):
+    """`counts` as a collective's int32 splits, never a constant.
+
+    Horovod's collectives are not stateful ops: where all of one's inputs
+    are constants in a traced step (a batch of static shape, a sum's
+    output gradient of ones), TensorFlow's constant folding runs the
+    collective while optimizing the graph, on each rank at its own moment
+    and in its own order, and the ranks block in each other's optimizers
+    (notes/session21/horovod_hang.txt). Splits computed from a variable's
+    value are never folded: min(bytes sent, 0) is 0, which no optimizer can
+    tell. (A stateful identity costs a third of a step in a tf.function,
+    whose automatic control dependencies chain every such op; a
+    placeholder with a default is folded by the runtime.)
+    """
+    counts = tf.cast(counts, tf.int32)
+    if tf.executing_eagerly():
+      return counts
+    counter = self._bytes_counter()
+    if counter is None:  # a TF1 graph: no automatic control dependencies
+      return _stateful_identity(counts)
+    return counts + tf.cast(tf.minimum(counter.read_value(), 0), tf.int32)
+
   def _exchange_counts(self, payload):
-    ones = _not_foldable(tf.ones([self.num_replicas], tf.int32))
-    received = self._hvd.alltoall(_not_foldable(payload), splits=ones, name=self._name(),
-                                  ignore_name_scope=True)
+    received = self._hvd.alltoall(payload, splits=self._splits(tf.ones([self.num_replicas])),
+                                  name=self._name(), ignore_name_scope=True)
     if isinstance(received, tuple):  # newer Horovod returns the splits too
       received = received[0]
     return received, None
@@ -519,25 +540,15 @@ class HorovodCommunicator(Communicator):
   def all_to_all(self, data, plan):
     counted = self._count_bytes(data, plan.send_counts, self._rank)
     with tf.control_dependencies([counted]):
-      received = self._hvd.alltoall(
-          _not_foldable(data), splits=_not_foldable(tf.cast(plan.send_counts, tf.int32)),
-          name=self._name(), ignore_name_scope=True)
+      received = self._hvd.alltoall(data, splits=self._splits(plan.send_counts),
+                                    name=self._name(), ignore_name_scope=True)
     return received[0] if isinstance(received, tuple) else received
 
 
-def _not_foldable(tensor):
-  """`tensor`, through an op that graph optimizers never fold.
-
-  Horovod's collectives are not stateful ops: where all of one's inputs
-  are constants in a traced step (a batch of static shape, a sum's output
-  gradient of ones), TensorFlow's constant folding runs the collective
-  while optimizing the graph, on each rank at its own moment and in its
-  own order, and the ranks block in each other's optimizers
-  (notes/session21/horovod_hang.txt). A stateful op is never folded; a
-  placeholder with a default is (by the runtime's folder, not Grappler's).
-  `Print` is stateful, forwards its input and, told to print the first 0
-  times, prints nothing.
-  """
+def _stateful_identity(tensor):
+  """`tensor`, through a stateful op, which no graph optimizer folds
+  (`HorovodCommunicator._splits`): `Print` forwards its input and, told to
+  print the first 0 times, prints nothing."""
   if tf.executing_eagerly():
     return tensor
   return tf.raw_ops.Print(input=tensor, data=[], message="", first_n=0)
