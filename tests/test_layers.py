@@ -258,6 +258,33 @@ def test_save_and_load_keep_outputs_across_replica_counts(tmp_path):
                                 src.full_slot("accumulator"))
 
 
+def test_fit_trains_the_tables_as_train_on_batch_does():
+  """Keras fit calls its step function from another tf.function (its
+  iterator's); train_on_batch calls it alone. One step of each, from the
+  same start, moves the tables (and the dense layer) alike. On TF 2.16,
+  Grappler folded the trigger's gradient (zeros times the updates' steps)
+  to zeros there, and fit updated no table."""
+  def trained(train):
+    keras.utils.set_random_seed(3)
+    table = tfde.layers.TableConfig(name="t", vocabulary_size=8, embedding_dim=2,
+                                    optimizer="sgd", combiner="sum")
+    ids = keras.Input(shape=(2,), dtype="int64", name="f")
+    layer = tfde.layers.DistributedEmbedding(
+        {"f": tfde.layers.FeatureConfig(name="f", table=table)}, name="embedding")
+    model = keras.Model(ids, keras.layers.Dense(1)(layer({"f": ids})["f"]))
+    model.compile(optimizer="sgd", loss="mse")
+    start = _numpy_tables(layer)["t"]
+    train(model, np.array([[1, 2], [3, 5]], np.int64), np.ones((2, 1), np.float32))
+    return start, _numpy_tables(layer)["t"], model.layers[-1].kernel.numpy()
+
+  start, by_fit, dense_by_fit = trained(lambda m, x, y: m.fit(x, y, batch_size=2, verbose=0))
+  same_start, by_batch, dense_by_batch = trained(lambda m, x, y: m.train_on_batch(x, y))
+  np.testing.assert_array_equal(start, same_start)
+  assert not np.allclose(by_fit[[1, 2, 3, 5]], start[[1, 2, 3, 5]])
+  np.testing.assert_allclose(by_fit, by_batch, rtol=1e-6)
+  np.testing.assert_allclose(dense_by_fit, dense_by_batch, rtol=1e-6)
+
+
 def test_a_table_started_from_an_array_saves_and_loads(tmp_path):
   """A table whose initializer is its whole initial array: the .keras file
   loads (the array travels in the config as Keras writes arrays), with the
