@@ -76,7 +76,8 @@ def lookup_steps(lookup, inputs, loss_of):
   """(forward, training step): tf.functions of `lookup` on `inputs`. The
   step takes the gradient of `loss_of(outputs)`, which trains the tables
   (their optimizers run in the backward), and returns the loss as [1].
-  The inputs are the functions' arguments, as a real input arrives."""
+  The inputs are the functions' arguments, as a real input arrives; so is
+  the loss's scale (1.0): see `replica_train_step`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   @tf.function
@@ -84,32 +85,40 @@ def lookup_steps(lookup, inputs, loss_of):
     return lookup(inputs)
 
   @tf.function
-  def train_on(inputs):
+  def train_on(inputs, scale):
     with tf.GradientTape() as tape:
-      loss = loss_of(lookup(inputs))
+      loss = loss_of(lookup(inputs)) * scale
     tape.gradient(loss, lookup.trainable_variables)
     return loss[None]
 
-  return (lambda: forward_of(inputs)), (lambda: train_on(inputs))
+  scale = tf.constant(1.0)
+  return (lambda: forward_of(inputs)), (lambda: train_on(inputs, scale))
 
 
 def replica_train_step(strategy, lookup):
   """A training step of `lookup` under `strategy`, a tf.function of the
   distributed inputs: each replica takes the gradient of the sum of its
   outputs, which trains the tables (their optimizers run in the
-  backward)."""
+  backward).
+
+  The sum is scaled by an argument of the function (1.0): the gradient of
+  a plain sum is ones of a static shape, a constant, and TensorFlow's
+  constant folding then runs the backward's exchange of it once, while
+  optimizing the graph, instead of in every step, which a real loss never
+  allows (notes/session21/horovod_hang.txt)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   @tf.function
-  def step(inputs):
-    def replica_step(inputs):
+  def step(inputs, scale):
+    def replica_step(inputs, scale):
       with tf.GradientTape() as tape:
         out = lookup(inputs)
-        loss = tf.add_n([tf.reduce_sum(o) for o in out.values()])
+        loss = tf.add_n([tf.reduce_sum(o) for o in out.values()]) * scale
       tape.gradient(loss, lookup.trainable_variables)
-    strategy.run(replica_step, args=(inputs,))
+    strategy.run(replica_step, args=(inputs, scale))
 
-  return step
+  scale = tf.constant(1.0)
+  return lambda inputs: step(inputs, scale)
 
 
 def timed(fn, reps, warmup=2):

@@ -13,8 +13,12 @@ a rank holds none of a group's rows (notes/session21/horovod_hang.txt).
 Here a stand-in for `horovod.tensorflow` makes each collective a stateless
 op, as Horovod's are, and the traced step is optimized by Grappler as a
 session would (constant folding and the dependency optimizer, on the
-step's fetches): every collective must come out as it went in. Then the
-2-rank runs (with the helpers of tests/test_multiprocess.py).
+step's fetches): every collective must come out as it went in. Its
+boundary: the runtime's own constant folder (which folds what Grappler
+leaves, a placeholder with a default) and TF1 graphs are not examined
+here, and the stand-in keeps static shapes where Horovod's output has an
+unknown first dimension. Then the 2-rank runs, which exercise all of it
+for real (with the helpers of tests/test_multiprocess.py).
 """
 
 import pytest
@@ -124,16 +128,22 @@ def test_every_collective_of_a_traced_training_step_survives_the_optimizers(
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("layouts,optimizer", [("mixed", "adam"), ("column_wise", "ftrl")])
+@pytest.mark.parametrize("layouts,optimizer", [("mixed", "adam"), ("column_wise", "ftrl"),
+                                               ("table_row_wise", "adagrad")])
 def test_horovod_two_ranks_under_a_plan(tmp_path, layouts, optimizer):
-  """"mixed" puts B, alone in its group, whole on rank 1; "column_wise"
-  puts C's 1-wide slice on rank 1 alone. The first step's outputs and 10
-  steps' tables equal the numpy reference."""
+  """The plans of tests/test_multiprocess.py's MultiWorker runs: "mixed"
+  puts B, alone in its group, whole on rank 1 (and trains a row-wise
+  lookup beside); "column_wise" puts C's 1-wide slice on rank 1 alone;
+  "table_row_wise" spreads rows over some ranks. The first step's outputs
+  and 10 steps' tables equal the numpy reference."""
   batches_path, batches = _write_batches(str(tmp_path), optimizer)
+  beside = layouts == "mixed"
   _horovodrun(tmp_path, ["tests.multiprocess_worker", "--mode", "horovod",
                          "--optimizer", optimizer, "--batches", batches_path,
-                         "--out", str(tmp_path), "--layouts", layouts])
-  _check_against_reference(str(tmp_path), optimizer, batches, whole_tables=True)
+                         "--out", str(tmp_path), "--layouts", layouts] +
+              (["--beside-row-wise"] if beside else []))
+  _check_against_reference(str(tmp_path), optimizer, batches, whole_tables=True,
+                           beside=beside)
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)

@@ -263,7 +263,9 @@ def test_fit_trains_the_tables_as_train_on_batch_does():
   iterator's); train_on_batch calls it alone. One step of each, from the
   same start, moves the tables (and the dense layer) alike. On TF 2.16,
   Grappler folded the trigger's gradient (zeros times the updates' steps)
-  to zeros there, and fit updated no table."""
+  to zeros there, and fit updated no table; the TF 2.16 lane
+  (`make test-tf216`) is where this test guards that (2.17 and later kept
+  the updates either way)."""
   def trained(train):
     keras.utils.set_random_seed(3)
     table = tfde.layers.TableConfig(name="t", vocabulary_size=8, embedding_dim=2,

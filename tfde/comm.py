@@ -68,30 +68,6 @@ def local_variable(initial_value, name, trainable=False, device=None):
         initial_value, name=name, trainable=trainable)
 
 
-def one_read_from(tensors):
-  """The int64 scalar 1, computed from the sizes of `tensors` (or of the
-  tensor fields of a `tfde.ops.BagGradients`): an op that takes it reads
-  them as data.
-
-  >>> import tensorflow as tf
-  >>> int(one_read_from([tf.zeros([0, 4]), tf.constant([3, 5])]))
-  1
-
-  Horovod's collectives are not stateful ops, so Grappler's dependency
-  optimizer turns one whose outputs feed only control edges into a no-op:
-  that rank then never joins the exchange, and its peers wait for it
-  forever (notes/session21/horovod_hang.txt). A replica that receives an
-  exchange's result only to order an update after it (one holding none of
-  a table's rows) takes this value instead of a control dependency.
-  """
-  flat = []
-  for value in tensors:  # tensors, or gradients kept as a dataclass of them
-    flat += ([getattr(value, f.name) for f in dataclasses.fields(value)]
-             if dataclasses.is_dataclass(value) else [value])
-  sizes = [tf.size(t, out_type=tf.int64) for t in flat if isinstance(t, tf.Tensor)]
-  return tf.cast(tf.add_n(sizes) >= 0, tf.int64)
-
-
 def _row_bytes(data):
   row_elements = tf.reduce_prod(tf.shape(data, out_type=tf.int64)[1:])
   return row_elements * data.dtype.size
@@ -518,9 +494,9 @@ class HorovodCommunicator(Communicator):
     and in its own order, and the ranks block in each other's optimizers
     (notes/session21/horovod_hang.txt). Splits computed from a variable's
     value are never folded: min(bytes sent, 0) is 0, which no optimizer can
-    tell. (A stateful identity costs a third of a step in a tf.function,
-    whose automatic control dependencies chain every such op; a
-    placeholder with a default is folded by the runtime.)
+    tell. The read is ordered only among the counter's own updates; a
+    stateful identity would join the chain of every stateful op of the
+    function, and a placeholder with a default is folded by the runtime.
     """
     counts = tf.cast(counts, tf.int32)
     if tf.executing_eagerly():
@@ -531,7 +507,7 @@ class HorovodCommunicator(Communicator):
     return counts + tf.cast(tf.minimum(counter.read_value(), 0), tf.int32)
 
   def _exchange_counts(self, payload):
-    received = self._hvd.alltoall(payload, splits=self._splits(tf.ones([self.num_replicas])),
+    received = self._hvd.alltoall(payload, splits=self._splits(tf.ones([self.num_replicas], tf.int32)),
                                   name=self._name(), ignore_name_scope=True)
     if isinstance(received, tuple):  # newer Horovod returns the splits too
       received = received[0]

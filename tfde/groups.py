@@ -21,7 +21,6 @@ import collections
 
 import tensorflow as tf
 
-from tfde import comm as comm_lib
 from tfde import group_step
 from tfde import ops
 from tfde import routing
@@ -240,9 +239,9 @@ class StaticGroup(TableGroup):
   def _nothing_from(self, owned, grads):
     """Empty rows and gradients for a table held elsewhere, sized from the
     exchange's results: an update or a gradient that reads them keeps that
-    exchange alive on this replica (`tfde.comm.one_read_from`)."""
-    none = comm_lib.one_read_from([owned, grads]) - 1
-    return tf.zeros([none], owned.dtype), tf.zeros([none, self.width])
+    exchange alive on this replica (`tfde.ops.one_read_from`)."""
+    no_rows = ops.one_read_from([owned, grads]) - 1
+    return tf.zeros([no_rows], owned.dtype), tf.zeros([no_rows, self.width])
 
   def gradient_slices(self, replica, owned, grads):
     slices = {}

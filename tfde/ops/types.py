@@ -160,3 +160,27 @@ class DynamicTableSpec:
   def num_slots(self):
     return 1 + len(self.slot_initial_values)
 
+
+def one_read_from(tensors):
+  """The int64 scalar 1, computed from the sizes of `tensors` (tensors or
+  `BagGradients`): an op that takes it reads them as data.
+
+  >>> import tensorflow as tf
+  >>> int(one_read_from([tf.zeros([0, 4]), tf.constant([3, 5])]))
+  1
+
+  Horovod's collectives are not stateful ops, so Grappler's dependency
+  optimizer turns one whose outputs feed only control edges into a no-op:
+  that rank then never joins the exchange, and its peers wait for it
+  forever (notes/session21/horovod_hang.txt). A replica that receives an
+  exchange's result only to order an update after it (one holding none of
+  a table's rows) takes this value instead of a control dependency. It
+  holds because an exchange's result has a first dimension unknown until
+  it runs: the size of a tensor of static shape is folded to a constant.
+  """
+  flat = []
+  for value in tensors:
+    flat += ([value.output_grad, value.segments, value.bags, value.weights]
+             if isinstance(value, BagGradients) else [value])
+  sizes = [tf.size(t, out_type=tf.int64) for t in flat if t is not None]
+  return tf.cast(tf.add_n(sizes) >= 0, tf.int64)

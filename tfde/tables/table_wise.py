@@ -79,8 +79,7 @@ class OwnedRows:
     def apply():
       # The step's increment reads the exchanged gradients: under Horovod a
       # control edge alone would let Grappler drop the exchange here.
-      return self.steps[replica].assign_add(
-          comm_lib.one_read_from([rows, grads]))
+      return self.steps[replica].assign_add(ops.one_read_from([rows, grads]))
 
     with tf.device(self.comm.replica_device(replica)):
       return self.guard_nonfinite(replica, finite, apply)
@@ -202,8 +201,7 @@ class DynamicTableWiseTable(dynamic.DynamicTable):
 
     def apply():
       # As `OwnedRows.apply_gradient`'s: the increment reads the gradients.
-      return self.steps[replica].assign_add(
-          comm_lib.one_read_from([rows, grads]))
+      return self.steps[replica].assign_add(ops.one_read_from([rows, grads]))
 
     with tf.device(self.comm.replica_device(replica)):
       return self.guard_nonfinite(replica, finite, apply)
