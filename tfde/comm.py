@@ -507,8 +507,9 @@ class HorovodCommunicator(Communicator):
     return counts + tf.cast(tf.minimum(counter.read_value(), 0), tf.int32)
 
   def _exchange_counts(self, payload):
-    received = self._hvd.alltoall(payload, splits=self._splits(tf.ones([self.num_replicas], tf.int32)),
-                                  name=self._name(), ignore_name_scope=True)
+    ones = tf.ones([self.num_replicas], tf.int32)
+    received = self._hvd.alltoall(payload, splits=self._splits(ones), name=self._name(),
+                                  ignore_name_scope=True)
     if isinstance(received, tuple):  # newer Horovod returns the splits too
       received = received[0]
     return received, None
