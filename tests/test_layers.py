@@ -263,11 +263,15 @@ def test_save_and_load_keep_outputs_across_replica_counts(tmp_path):
 def test_fit_trains_the_tables_as_train_on_batch_does():
   """Keras fit calls its step function from another tf.function (its
   iterator's); train_on_batch calls it alone. One step of each, from the
-  same start, moves the tables (and the dense layer) alike. On TF 2.16,
-  Grappler folded the trigger's gradient (zeros times the updates' steps)
-  to zeros there, and fit updated no table; the TF 2.16 lane
-  (`make test-tf216`) is where this test guards that (2.17 and later kept
-  the updates either way)."""
+  same start, moves the tables (and the dense layer) alike, and as stock
+  Keras moves a `keras.layers.Embedding` of the same rows (SGD at 0.01, the
+  table's "sgd" and the compile optimizer's alike). On TF 2.16, Grappler
+  folded the trigger's gradient (zeros times the updates' steps) to zeros
+  there, and fit updated no table; the TF 2.16 lane (`make test-tf216`) is
+  where this test guards that (2.17 and later kept the updates either
+  way)."""
+  x, y = np.array([[1, 2], [3, 5]], np.int64), np.ones((2, 1), np.float32)
+
   def trained(train):
     keras.utils.set_random_seed(3)
     table = tfde.layers.TableConfig(name="t", vocabulary_size=8, embedding_dim=2,
@@ -277,16 +281,28 @@ def test_fit_trains_the_tables_as_train_on_batch_does():
         {"f": tfde.layers.FeatureConfig(name="f", table=table)}, name="embedding")
     model = keras.Model(ids, keras.layers.Dense(1)(layer({"f": ids})["f"]))
     model.compile(optimizer="sgd", loss="mse")
-    start = _numpy_tables(layer)["t"]
-    train(model, np.array([[1, 2], [3, 5]], np.int64), np.ones((2, 1), np.float32))
+    start = _numpy_tables(layer)["t"], [w.numpy() for w in model.layers[-1].weights]
+    train(model, x, y)
     return start, _numpy_tables(layer)["t"], model.layers[-1].kernel.numpy()
 
   start, by_fit, dense_by_fit = trained(lambda m, x, y: m.fit(x, y, batch_size=2, verbose=0))
   same_start, by_batch, dense_by_batch = trained(lambda m, x, y: m.train_on_batch(x, y))
-  np.testing.assert_array_equal(start, same_start)
-  assert not np.allclose(by_fit[[1, 2, 3, 5]], start[[1, 2, 3, 5]])
+  np.testing.assert_array_equal(start[0], same_start[0])
+  assert not np.allclose(by_fit[[1, 2, 3, 5]], start[0][[1, 2, 3, 5]])
   np.testing.assert_allclose(by_fit, by_batch, rtol=1e-6)
   np.testing.assert_allclose(dense_by_fit, dense_by_batch, rtol=1e-6)
+
+  # The oracle: stock Keras, from the same rows and dense weights.
+  ids = keras.Input(shape=(2,), dtype="int64")
+  rows = keras.layers.Embedding(8, 2, embeddings_initializer=keras.initializers.Constant(
+      start[0]))
+  dense = keras.layers.Dense(1)
+  stock = keras.Model(ids, dense(keras.ops.sum(rows(ids), axis=1)))
+  dense.set_weights(start[1])
+  stock.compile(optimizer="sgd", loss="mse")
+  stock.fit(x, y, batch_size=2, verbose=0)
+  np.testing.assert_allclose(by_fit, rows.embeddings.numpy(), rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(dense_by_fit, dense.kernel.numpy(), rtol=1e-5, atol=1e-7)
 
 
 def test_a_table_started_from_an_array_saves_and_loads(tmp_path):

@@ -38,6 +38,7 @@ from tensorflow.python.ops import resource_variable_ops
 
 from tfde import collective_keys
 from tfde.ops import checks
+from tfde.ops import types
 
 
 @dataclasses.dataclass(frozen=True)
@@ -493,8 +494,8 @@ class HorovodCommunicator(Communicator):
     collective while optimizing the graph, on each rank at its own moment
     and in its own order, and the ranks block in each other's optimizers
     (notes/session21/horovod_hang.txt). Splits computed from a variable's
-    value are never folded: min(bytes sent, 0) is 0, which no optimizer can
-    tell. The read is ordered only among the counter's own updates; a
+    value are never folded: `zero_from(bytes sent)` is 0, which no optimizer
+    can tell. The read is ordered only among the counter's own updates; a
     stateful identity would join the chain of every stateful op of the
     function, and a placeholder with a default is folded by the runtime.
     """
@@ -504,7 +505,7 @@ class HorovodCommunicator(Communicator):
     counter = self._bytes_counter()
     if counter is None:  # a TF1 graph: no automatic control dependencies
       return _stateful_identity(counts)
-    return counts + tf.cast(tf.minimum(counter.read_value(), 0), tf.int32)
+    return counts + tf.cast(types.zero_from(counter.read_value()), tf.int32)
 
   def _exchange_counts(self, payload):
     ones = tf.ones([self.num_replicas], tf.int32)

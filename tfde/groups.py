@@ -231,9 +231,11 @@ class StaticGroup(TableGroup):
     # Tables held elsewhere only advance their step here, after reading
     # what the exchange brought (none of their rows; see `_nothing_from`).
     held = {id(t) for t, _, _ in local}
-    applied += [table.apply_gradient(replica, *self._nothing_from(owned, grads),
-                                     finite=finite[table.name])
-                for table in self.tables if id(table) not in held]
+    elsewhere = [t for t in self.tables if id(t) not in held]
+    if elsewhere:
+      rows, table_grads = self._nothing_from(owned, grads)
+      applied += [table.apply_gradient(replica, rows, table_grads, finite=finite[table.name])
+                  for table in elsewhere]
     return applied
 
   def _nothing_from(self, owned, grads):
@@ -251,10 +253,11 @@ class StaticGroup(TableGroup):
           replica, rows, table_grads)
     # A table held elsewhere gets an empty gradient here: applied, it
     # advances the table's step on this replica too.
-    for table in self.tables:
-      key = id(table.gradient_variable(replica))
-      if key not in slices:
-        slices[key] = table.gradient_slices(replica, *self._nothing_from(owned, grads))
+    elsewhere = [t for t in self.tables if id(t.gradient_variable(replica)) not in slices]
+    if elsewhere:
+      rows, table_grads = self._nothing_from(owned, grads)
+      slices.update({id(t.gradient_variable(replica)): t.gradient_slices(replica, rows, table_grads)
+                     for t in elsewhere})
     return slices
 
 

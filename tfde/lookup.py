@@ -524,12 +524,12 @@ class ShardedLookup(tf.Module):
           applied += step.group.apply_gradient(
               step.replica, tf.identity(rows), group_step.map_tensors(tf.identity, summed),
               finite)
-      # Zero, but computed from the updates' results (new steps, never
-      # negative), so whatever consumes the trigger's gradient runs them. Not
-      # zeros times them: Grappler rewrites that as zeros, and Keras fit on
-      # TF 2.16 (a step function inside another) then ran no update at all.
+      # Zero, but computed from the updates' results (new steps), so
+      # whatever consumes the trigger's gradient runs them. Not zeros times
+      # them: Grappler rewrites that as zeros, and Keras fit on TF 2.16 (a
+      # step function inside another) then ran no update at all.
       done = tf.add_n([tf.cast(u, trigger_value.dtype) for u in applied])
-      return tf.zeros_like(trigger_value) + tf.minimum(done, 0), [None] * len(variables)
+      return tf.zeros_like(trigger_value) + ops.zero_from(done), [None] * len(variables)
     slices = {}
     for step, (rows, summed) in zip(steps, owned):
       slices.update(step.group.gradient_slices(step.replica, rows, summed))

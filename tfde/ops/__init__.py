@@ -281,6 +281,7 @@ def advise_huge_pages(variables, collapse=True):
 BagGradients = types.BagGradients
 int32_range = types.int32_range
 one_read_from = types.one_read_from
+zero_from = types.zero_from
 
 
 def bag_gradients_dense(grads):

@@ -161,6 +161,22 @@ class DynamicTableSpec:
     return 1 + len(self.slot_initial_values)
 
 
+def zero_from(nonnegative):
+  """0, of the dtype of `nonnegative` (never negative), computed from it:
+  whatever takes the result reads `nonnegative` as data.
+
+  >>> import tensorflow as tf
+  >>> int(zero_from(tf.constant(7)))
+  0
+
+  Graph optimizers rewrite `0 * x` as 0 and drop `x`; none can tell that
+  min(x, 0) is 0. Where a value exists only to make something run (an
+  update, an exchange; see `one_read_from`), that difference decides
+  whether it runs.
+  """
+  return tf.minimum(nonnegative, tf.zeros([], nonnegative.dtype))
+
+
 def one_read_from(tensors):
   """The int64 scalar 1, computed from the sizes of `tensors` (tensors or
   `BagGradients`): an op that takes it reads them as data.
@@ -180,7 +196,7 @@ def one_read_from(tensors):
   """
   flat = []
   for value in tensors:
-    flat += ([value.output_grad, value.segments, value.bags, value.weights]
+    flat += ([getattr(value, f.name) for f in dataclasses.fields(value)]
              if isinstance(value, BagGradients) else [value])
   sizes = [tf.size(t, out_type=tf.int64) for t in flat if t is not None]
-  return tf.cast(tf.add_n(sizes) >= 0, tf.int64)
+  return 1 + zero_from(tf.add_n(sizes))

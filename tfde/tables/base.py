@@ -232,6 +232,20 @@ class Table(tf.Module):
     with tf.control_dependencies(self.nonfinite_checks(replica, finite)):
       return apply()
 
+  def advance_step_without_rows(self, replica, rows, grads, optimizer=None, finite=None):
+    """The update on a replica that holds none of this table's rows (the
+    table-wise kinds'): the optimizer checked as the holders check it, and
+    the step advanced, as every replica's must be. The increment is read
+    from the exchanged `rows` and `grads` (`tfde.ops.one_read_from`): under
+    Horovod a control edge alone would let Grappler drop the exchange."""
+    self.update_optimizer(optimizer)
+
+    def apply():
+      return self.steps[replica].assign_add(ops.one_read_from([rows, grads]))
+
+    with tf.device(self.comm.replica_device(replica)):
+      return self.guard_nonfinite(replica, finite, apply)
+
   def nonfinite_checks(self, replica, finite):
     """[] for a table that skips non-finite updates, else [an assertion
     that `finite` holds, naming the table and step]: the pipeline runs it

@@ -183,9 +183,7 @@ class DynamicTable(base.Table):
                             lambda: tf.constant(0, tf.int64))
         done.append(evicted)
       with tf.control_dependencies(done):
-        # Counts, never negative: the minimum is 0, which no graph optimizer
-        # can tell (0 times them it rewrites as 0; see ShardedLookup).
-        return step + tf.minimum(tf.add_n(done), 0)
+        return step + ops.zero_from(tf.add_n(done))
 
     with tf.device(self.comm.replica_device(replica)):
       return self.guard_nonfinite(replica, finite, apply)

@@ -74,15 +74,7 @@ class OwnedRows:
     if self.holds_rows(replica):
       return super().apply_gradient(replica, rows, grads, optimizer, grad_rows,
                                     finite)
-    self.update_optimizer(optimizer)  # the holders' check, where there are no rows
-
-    def apply():
-      # The step's increment reads the exchanged gradients: under Horovod a
-      # control edge alone would let Grappler drop the exchange here.
-      return self.steps[replica].assign_add(ops.one_read_from([rows, grads]))
-
-    with tf.device(self.comm.replica_device(replica)):
-      return self.guard_nonfinite(replica, finite, apply)
+    return self.advance_step_without_rows(replica, rows, grads, optimizer, finite)
 
   def gradient_variable(self, replica):
     return self.shards[replica] if self.holds_rows(replica) else self.stand_ins[replica]
@@ -197,11 +189,4 @@ class DynamicTableWiseTable(dynamic.DynamicTable):
     if replica == self.owner:
       return super().apply_gradient(replica, rows, grads, optimizer, grad_rows,
                                     by_address, finite)
-    self.update_optimizer(optimizer)  # the owner's check, where there are no rows
-
-    def apply():
-      # As `OwnedRows.apply_gradient`'s: the increment reads the gradients.
-      return self.steps[replica].assign_add(ops.one_read_from([rows, grads]))
-
-    with tf.device(self.comm.replica_device(replica)):
-      return self.guard_nonfinite(replica, finite, apply)
+    return self.advance_step_without_rows(replica, rows, grads, optimizer, finite)
