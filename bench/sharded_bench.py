@@ -16,10 +16,11 @@ Each N > 1 and each runtime runs both exchanges of `ShardedLookup`:
 replicas add the owners' partial sums) and "rows" (each replica's unique
 ids out, their rows back, their gradients out).
 
-Reports per N and exchange: training step time (median) and its ratio to
-the one-replica step, bytes exchanged per step as counted by the
-communicator (what is sent to another replica), for "rows" the bytes the
-same step would exchange without dedup (every id occurrence routed on its
+Reports per N and exchange: training step time (median; the in-process
+runs are timed in interleaved rounds, one step of each in turn) and its
+ratio to the one-replica step (the median of the rounds' ratios), bytes
+exchanged per step as counted by the communicator (what is sent to another
+replica), for "rows" the bytes the same step would exchange without dedup (every id occurrence routed on its
 own: the dedup's saving), and the balance of the shards: rows held and
 rows served per shard per step. Writes bench/results/sharded_bench.png
 (step time and bytes per N, rows served per shard). `--quick` shrinks the
@@ -59,15 +60,24 @@ def time_steps(strategy, lookup, inputs, reps):
   """(median ms, bytes this process sent) of a lazy-Adam training step of
   `lookup` on `inputs` under `strategy` (the tables' optimizers run in the
   backward); every process of a multi-process run calls it in step."""
+  step, sent = warmed_step(strategy, lookup, inputs)
+  return timed(step, reps, warmup=0), sent
+
+
+def warmed_step(strategy, lookup, inputs):
+  """(a step of `lookup` on `inputs` under `strategy`, traced and run
+  twice; the bytes this process sent in the second run)."""
   step = replica_train_step(strategy, lookup)
   step(inputs)
   lookup.comm.reset_bytes_sent()
   step(inputs)
-  sent = lookup.comm.bytes_sent()
-  return timed(lambda: step(inputs), reps, warmup=0), sent
+  return (lambda: step(inputs)), lookup.comm.bytes_sent()
 
 
-def run(num_replicas, work, ids, reps, exchange):
+def build(num_replicas, work, ids, exchange):
+  """A warmed training step on `num_replicas` replicas (MirroredStrategy
+  over logical CPUs) and what it exchanges: dict(n, exchange, step, bytes,
+  no_dedup, served, rows_held)."""
   tables, batch = work.tables, work.batch
   per = batch // num_replicas
   strategy = tf.distribute.MirroredStrategy(
@@ -80,14 +90,32 @@ def run(num_replicas, work, ids, reps, exchange):
     return {f"f{t}": tf.constant(ids[t][r * per:(r + 1) * per]) for t in range(tables)}
 
   inputs = strategy.experimental_distribute_values_from_function(replica_slice)
-
-  ms, bytes_per_step = time_steps(strategy, lookup, inputs, reps)
-
+  step, bytes_per_step = warmed_step(strategy, lookup, inputs)
   no_dedup, served = no_dedup_bytes(work, ids, num_replicas)
   rows_held = [int(s.shape[0]) for s in lookup.tables["t0"].local_variables()]
-  return dict(n=num_replicas, exchange=exchange, ms=ms,
+  return dict(n=num_replicas, exchange=exchange, step=step,
               bytes=bytes_per_step, no_dedup=no_dedup, served=served.tolist(),
               rows_held=rows_held)
+
+
+def time_interleaved(runs, reps):
+  """Each run's median step ms (its "ms"), and its "ratio": the median over
+  rounds of its step over the one-replica step of the same round. Every
+  round times one step of each run in turn, so that a slower or busier
+  spell of the machine falls on every run alike rather than on whichever
+  ran then (timed one run after another, the 4-replica ratio of three runs
+  on one quiet host was 1.23, 1.33 and 1.20: notes/session22/)."""
+  times = [[] for _ in runs]
+  for _ in range(reps):
+    for i, r in enumerate(runs):
+      start = time.perf_counter()
+      r["step"]()
+      times[i].append((time.perf_counter() - start) * 1e3)
+  one = times[0]
+  for r, ms in zip(runs, times):
+    r["ms"] = float(np.median(ms))
+    r["ratio"] = float(np.median(np.array(ms) / np.array(one)))
+    del r["step"]
 
 
 def no_dedup_bytes(work, ids, num_replicas):
@@ -260,18 +288,19 @@ def main():
     return
   print(f"data: {work.describe()} (global batch, split over the replicas); "
         f"TF {tf.__version__}, {os.cpu_count()} cores, replicas are logical "
-        f"CPU devices of one process; median of {args.reps}")
-  results = []
-  for n, exchange in ((1, "auto"), (2, "auto"), (2, "rows"), (4, "auto"), (4, "rows")):
-    r = run(n, work, ids, args.reps, exchange)
-    results.append(r)
-    one = results[0]["ms"]
+        f"CPU devices of one process; median of {args.reps} rounds, one step of "
+        "each run in turn")
+  results = [build(n, work, ids, exchange) for n, exchange in
+             ((1, "auto"), (2, "auto"), (2, "rows"), (4, "auto"), (4, "rows"))]
+  time_interleaved(results, args.reps)
+  for r in results:
+    n, exchange = r["n"], r["exchange"]
     balance = max(r["served"]) / (sum(r["served"]) / n)
     saving = "" if exchange == "auto" or n == 1 else (
         f" (no dedup {r['no_dedup'] / 1e6:6.2f} MB, "
         f"{r['no_dedup'] / max(r['bytes'], 1):5.1f}x more)")
     print(f"N={n}{'' if n == 1 else ', exchange ' + repr(exchange)}: step "
-          f"{r['ms']:7.1f} ms ({r['ms'] / one:.2f}x one replica) | exchanged "
+          f"{r['ms']:7.1f} ms ({r['ratio']:.2f}x one replica) | exchanged "
           f"{r['bytes'] / 1e6:6.2f} MB/step{saving} | rows held per shard "
           f"{r['rows_held']} | rows served per shard {[int(x) for x in r['served']]} "
           f"(max/mean {balance:.2f})")
