@@ -207,20 +207,14 @@ def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=No
   if bits is None:
     raise ValueError(f"{row_space} rows at {num_shards} owners leave no room "
                      "for the sample in an int64 id: exchange rows instead")
-  sample_of_id = tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)
-  keyed = (sample_of_id + offset) * (num_shards << bits) + fused_ids
+  keyed = ops.sample_keys(fused_ids, splits, offset, num_shards << bits)
   local_keyed, send_counts, positions = ops.partition_by_shard(keyed, num_shards)
   plan = comm.plan(send_counts, stamp=stamp)
   received = comm.all_to_all(local_keyed, plan)
-  requested = tf.bitwise.bitwise_and(received, (1 << bits) - 1)
-  sample = tf.cast(tf.bitwise.right_shift(received, bits), tf.int32)
-  total = tf.reduce_sum(every_samples)
   # Received in increasing sample (each replica's ids keep their order in
-  # a stable partition, and replica r's samples follow r - 1's), so the
-  # counts per sample are the row splits.
-  # (Counted in int32, which GPUs count in too.)
-  row_splits = tf.concat([tf.zeros([1], tf.int64), tf.cast(tf.cumsum(tf.math.bincount(
-      sample, minlength=total, maxlength=total, dtype=tf.int32)), tf.int64)], 0)
+  # a stable partition, and replica r's samples follow r - 1's), which the
+  # op checks as it takes the row splits.
+  requested, row_splits = ops.split_sample_keys(received, tf.reduce_sum(every_samples), bits)
   # The coefficients travel whether or not this call has weights (ones
   # where it has none and sums): every graph of a lookup (training,
   # evaluation, with weights or without) makes the same collectives, which
@@ -250,8 +244,7 @@ def sum_partials(comm, partials, routed_bags):
   """Stage 3 of the pooled exchange: each owner's `partials` ([global
   samples, width]) to the replicas whose samples they are; this replica's
   [samples, width] outputs, the sum of every owner's part."""
-  received = comm.all_to_all(partials, routed_bags.partials)
-  return tf.add_n(tf.split(received, comm.num_replicas))
+  return comm.reduce_scatter(partials, routed_bags.partials)
 
 
 def rows_to_requesters(comm, rows, routed_bags):
@@ -266,5 +259,4 @@ def output_gradients_to_owners(comm, output_grad, routed_bags):
   """The backward of `sum_partials`: this replica's output gradient
   ([samples, width]) to every owner, which gets the global batch's
   ([global samples, width]), the gradient of its partial sums."""
-  tiled = tf.tile(output_grad, [comm.num_replicas, 1])
-  return comm.all_to_all(tiled, routed_bags.partials.reversed())
+  return comm.all_gather(output_grad, routed_bags.partials.reversed())

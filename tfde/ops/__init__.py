@@ -190,6 +190,34 @@ def partition_by_shard(ids, num_shards, dynamic=False):
   return _impl().partition_by_shard(ids, num_shards, dynamic=dynamic)
 
 
+def sample_keys(ids, row_splits, first_sample, stride):
+  """The pooled exchange's keys of a replica's ids (int64): keys[i] =
+  (s + first_sample) * stride + ids[i], s the sample (row of `row_splits`)
+  of ids[i]. Every id lies in [0, stride), and no key may pass the largest
+  int64; else an InvalidArgumentError. On a CPU one kernel pass; elsewhere
+  the twin's stock ops.
+
+  >>> sample_keys(tf.constant([3, 1, 2], tf.int64), tf.constant([0, 2, 3], tf.int64),
+  ...             first_sample=1, stride=4).numpy().tolist()
+  [7, 5, 10]
+  """
+  return _impl().sample_keys(ids, row_splits, first_sample, stride)
+
+
+def split_sample_keys(keys, num_samples, bits):
+  """(ids, row_splits) of keys `sample * 2^bits + id` received in
+  increasing sample: ids[i] = keys[i] mod 2^bits, and the [num_samples + 1]
+  row splits of the ids by sample. A negative key, a sample not below
+  `num_samples`, or one below the key before's is an InvalidArgumentError
+  naming the key's position.
+
+  >>> ids, splits = split_sample_keys(tf.constant([7, 5, 10], tf.int64), 3, bits=2)
+  >>> ids.numpy().tolist(), splits.numpy().tolist()
+  ([3, 1, 2], [0, 0, 2, 3])
+  """
+  return _impl().split_sample_keys(keys, num_samples, bits)
+
+
 def embedding_combine(rows, inverse, row_splits, weights=None, combiner="sum"):
   """[batch, dim] outputs: sample b combines rows[inverse[i]] over its ids."""
   return _impl().embedding_combine(rows, inverse, row_splits, weights, combiner)

@@ -113,6 +113,21 @@ def partition_by_shard(ids, num_shards, dynamic=False):
       index_tensor(ids, "ids"), index_tensor(num_shards, "num_shards"), dynamic=dynamic)
 
 
+def sample_keys(ids, row_splits, first_sample, stride):
+  ids = tf.cast(ids, tf.int64)
+  if not types.on_cpu(ids.device):
+    return reference.sample_keys(ids, row_splits, first_sample, stride)  # the CPU's kernel
+  return load().tfde_sample_keys(ids, tf.cast(row_splits, tf.int64),
+                                 tf.cast(first_sample, tf.int64), tf.cast(stride, tf.int64))
+
+
+def split_sample_keys(keys, num_samples, bits):
+  keys = tf.cast(keys, tf.int64)
+  if not types.on_cpu(keys.device):
+    return reference.split_sample_keys(keys, num_samples, bits)  # the CPU's kernel
+  return load().tfde_split_sample_keys(keys, tf.cast(num_samples, tf.int64), bits=int(bits))
+
+
 def embedding_combine(rows, inverse, row_splits, weights=None, combiner="sum"):
   return load().tfde_embedding_combine(
       rows, index_tensor(inverse, "inverse"), row_splits, _weights_or_empty(weights),

@@ -35,6 +35,8 @@ from tfde.ops.checks import grad_rows_in_range
 from tfde.ops.checks import index_tensor
 from tfde.ops.checks import shape_parts
 from tfde.ops.checks import shape_string
+from tfde.ops.sample_keys_twin import sample_keys  # noqa: F401 (twins of their own module)
+from tfde.ops.sample_keys_twin import split_sample_keys  # noqa: F401
 from tfde.ops.types import BagGradients  # noqa: F401 (sparse_apply takes one)
 from tfde.ops.types import int32_range
 

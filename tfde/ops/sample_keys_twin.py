@@ -1,0 +1,80 @@
+"""The twins of the pooled exchange's key ops (kernels/sample_keys_op.cc),
+in stock TensorFlow ops: a replica's ids keyed by their samples, and the
+ids and row splits of the keys an owner receives.
+
+>>> import tensorflow as tf
+>>> from tfde.ops.sample_keys_twin import sample_keys, split_sample_keys
+>>> keys = sample_keys(tf.constant([3, 1, 2], tf.int64), tf.constant([0, 2, 3], tf.int64),
+...                    first_sample=1, stride=4)
+>>> keys.numpy().tolist()
+[7, 5, 10]
+>>> ids, splits = split_sample_keys(keys, num_samples=3, bits=2)
+>>> ids.numpy().tolist(), splits.numpy().tolist()
+([3, 1, 2], [0, 0, 2, 3])
+"""
+
+import tensorflow as tf
+
+from tfde.ops.checks import assert_that
+from tfde.ops.checks import check
+from tfde.ops.checks import check_rank
+from tfde.ops.checks import first_offender
+
+_INT64_MAX = 2**63 - 1
+
+
+def sample_keys(ids, row_splits, first_sample, stride):
+  """keys[i] = (s + first_sample) * stride + ids[i], s the sample (row of
+  `row_splits`) of ids[i]; every id in [0, stride), the splits a ragged
+  batch's over the ids, no key past the largest int64."""
+  ids, splits, first_sample, stride = (tf.cast(x, tf.int64) for x in (
+      ids, row_splits, first_sample, stride))
+  checks = check_rank(ids, 1, "ids") + check_rank(splits, 1, "row_splits")
+  n = tf.size(ids, out_type=tf.int64)
+  samples = tf.size(splits, out_type=tf.int64) - 1
+  checks += [
+      assert_that(samples >= 0, "row_splits must be a non-empty vector"),
+      assert_that(first_sample >= 0, "first_sample must be >= 0, got ", first_sample),
+      assert_that(stride > 0, "stride must be positive, got ", stride)]
+  with tf.control_dependencies(checks):
+    ends = tf.concat([splits[:1], splits[-1:]], 0)
+    checks.append(assert_that(tf.reduce_all(tf.equal(ends, tf.stack([0, n]))),
+                              "row_splits must start at 0 and end at the ", n,
+                              " ids, got ", ends))
+    none, i, value = first_offender(splits[1:] < splits[:-1], splits[1:])
+    checks.append(assert_that(none, "row_splits[", i + 1, "] = ", value,
+                              " < row_splits[", i, "]"))
+    checks.append(assert_that(
+        tf.logical_or(tf.equal(samples, 0), first_sample <= _INT64_MAX // stride - samples),
+        "keys of ", samples, " samples from sample ", first_sample, " at stride ", stride,
+        " pass the largest int64"))
+    none, i, value = first_offender((ids < 0) | (ids >= stride), ids)
+    checks.append(assert_that(none, "ids[", i, "] = ", value, " is not in [0, stride = ",
+                              stride, ")"))
+  with tf.control_dependencies(checks):
+    sample = tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)
+    return (sample + first_sample) * stride + ids
+
+
+def split_sample_keys(keys, num_samples, bits):
+  """(ids, row_splits) of keys `sample * 2^bits + id` in increasing
+  sample: each key's id (its remainder by 2^bits), and the [num_samples +
+  1] splits of the ids by sample."""
+  keys, num_samples = tf.cast(keys, tf.int64), tf.cast(num_samples, tf.int64)
+  checks = check(0 <= bits < 63, "bits must be in [0, 63), got ", str(bits))
+  checks += check_rank(keys, 1, "keys")
+  sample = tf.bitwise.right_shift(keys, bits)
+  none, i, value = first_offender(keys < 0, keys)
+  checks.append(assert_that(none, "keys[", i, "] = ", value, " is negative"))
+  with tf.control_dependencies(checks):
+    none, i, value = first_offender(sample >= num_samples, keys)
+    checks.append(assert_that(none, "keys[", i, "] = ", value, " is of a sample not below "
+                              "num_samples = ", num_samples))
+    none, i, value = first_offender(sample[1:] < sample[:-1], keys[1:])
+    checks.append(assert_that(none, "keys[", i + 1, "] = ", value, " is of a sample below "
+                              "the sample of the key before it: keys must be in "
+                              "increasing sample"))
+  with tf.control_dependencies(checks):
+    ids = tf.bitwise.bitwise_and(keys, (1 << bits) - 1)
+    splits = tf.searchsorted(sample, tf.range(num_samples + 1), out_type=tf.int64)
+    return ids, splits
