@@ -100,16 +100,17 @@ def build(num_replicas, work, ids, exchange):
 
 def time_interleaved(runs, reps):
   """Each run's median step ms (its "ms"), and its "ratio": the median over
-  rounds of its step over the one-replica step of the same round. Every
-  round times one step of each run in turn, so that a slower or busier
+  rounds of its step over the one-replica step of the same round (the
+  first run's). Every round times one step of each run in turn, so that a slower or busier
   spell of the machine falls on every run alike rather than on whichever
   ran then (timed one run after another, the 4-replica ratio of three runs
   on one quiet host was 1.23, 1.33 and 1.20: notes/session22/)."""
   times = [[] for _ in runs]
-  for _ in range(reps):
-    for i, r in enumerate(runs):
+  for k in range(reps):
+    # Each round starts at another run, so none always follows the same one.
+    for i in [(k + j) % len(runs) for j in range(len(runs))]:
       start = time.perf_counter()
-      r["step"]()
+      runs[i]["step"]()
       times[i].append((time.perf_counter() - start) * 1e3)
   one = times[0]
   for r, ms in zip(runs, times):

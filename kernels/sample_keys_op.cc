@@ -7,10 +7,11 @@
 // TfdeSplitSampleKeys: the ids of received keys and their row splits over
 //   the global batch, the keys being in increasing sample.
 //
-// Each is one pass over the ids. The stock-op twins (tfde/ops/reference.py)
-// take segment ids from the splits (tf.repeat), a product and a sum; and a
-// mask, a shift, a bincount and a cumsum: about 0.4 ms each side for 82k
-// ids in a busy step, four times a step at 4 replicas
+// Each is one pass over the ids. In stock ops (the twins,
+// tfde/ops/sample_keys_twin.py, and the pipeline before them) the segment
+// ids of the splits (tf.repeat), a product and a sum; and a mask, a shift,
+// and a bincount and cumsum (or a searchsorted) for the splits: about 0.4
+// ms each side for 82k ids, per replica and step
 // (notes/session22/row_splits_micro.py). CPU only: elsewhere the twins run.
 
 #define EIGEN_USE_THREADS
@@ -142,7 +143,7 @@ class SplitSampleKeysOp : public OpKernel {
     int64_t num_samples;
     OP_REQUIRES_OK(ctx, ReadInt64Scalar(ctx, 1, "num_samples", &num_samples));
     OP_REQUIRES(ctx, num_samples >= 0 && num_samples < std::numeric_limits<int64_t>::max(),
-                InvalidArgument("num_samples must be >= 0, got ", num_samples));
+                InvalidArgument("num_samples must be in [0, 2^63 - 1), got ", num_samples));
     const int64_t n = keys_t.NumElements();
     const int64_t* keys = keys_t.flat<int64_t>().data();
     Tensor *ids_t, *splits_t;

@@ -86,8 +86,13 @@ def test_sample_keys_refuse_what_they_cannot_key(op_backend, ids, splits, first,
 
 @pytest.mark.parametrize("keys, num_samples, match", [
     ([4, -3], 4, r"keys\[\D*1\D*\] = \D*-3 is negative"),
-    ([4, 17], 4, r"keys\[\D*1\D*\] = \D*17 is of .*not below num_samples = \D*4"),
-    ([4, 9, 5], 4, r"keys\[\D*2\D*\] = \D*5 .*keys must be in increasing sample"),
+    ([4, 17], 4, r"keys\[\D*1\D*\] = \D*17 is of sample 4, not below num_samples = \D*4"),
+    ([4, 9, 5], 4, r"keys\[\D*2\D*\] = \D*5 is of sample 1, below the sample of the key "
+                   "before it: keys must be in increasing sample"),
+    # Several faults: the first key with any, and its first fault.
+    ([9, 5, -1], 4, r"keys\[\D*1\D*\] = \D*5 is of sample 1, below"),
+    ([17, -3], 4, r"keys\[\D*0\D*\] = \D*17 is of sample 4, not below num_samples = \D*4"),
+    ([], -1, "num_samples must be in"),
 ])
 def test_split_sample_keys_refuse_keys_out_of_order_or_range(op_backend, keys, num_samples,
                                                              match):
@@ -112,3 +117,19 @@ def test_sample_keys_take_int32_counts_and_ids(op_backend):
   assert keys.dtype == tf.int64 and keys.numpy().tolist() == [11, 13]
   ids, splits = tfde.ops.split_sample_keys(keys, tf.constant(4, tf.int32), bits=2)
   assert ids.numpy().tolist() == [3, 1] and splits.numpy().tolist() == [0, 0, 0, 1, 2]
+
+
+def test_key_ops_refuse_float_indices(op_backend):
+  """Never a cast: a float id would be truncated into another row."""
+  with pytest.raises(TypeError, match="ids must be an int32 or int64"):
+    tfde.ops.sample_keys(tf.constant([1.7]), tf.constant([0, 1], tf.int64), 0, 4)
+  with pytest.raises(TypeError, match="keys must be an int32 or int64"):
+    tfde.ops.split_sample_keys(tf.constant([1.0]), 4, bits=2)
+
+
+def test_key_ops_refuse_non_scalar_counts(op_backend):
+  with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="first_sample must be"):
+    tfde.ops.sample_keys(tf.constant([1], tf.int64), tf.constant([0, 1], tf.int64),
+                         tf.constant([0, 0], tf.int64), 4)
+  with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="num_samples must be"):
+    tfde.ops.split_sample_keys(tf.constant([1], tf.int64), tf.constant([4, 4], tf.int64), 2)

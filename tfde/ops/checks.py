@@ -23,8 +23,8 @@ from tensorflow.python.ops import control_flow_util
 
 
 def message(parts):
-  """The message as a string tensor: strings as they are, tensors as their
-  comma-separated elements."""
+  """The message as a string tensor: strings and string tensors as they
+  are, other tensors as their comma-separated elements."""
   # String ops have CPU kernels only: pinned there, a step placed on a GPU
   # with soft placement off still builds (its Assert reads host memory).
   # Not inside an XLA computation (a TPU program), where TensorFlow itself
@@ -33,7 +33,8 @@ def message(parts):
   with contextlib.nullcontext() if in_xla else tf.device("/device:CPU:0"):
     return tf.strings.join([
         p if isinstance(p, str) else tf.strings.reduce_join(
-            tf.strings.as_string(tf.reshape(p, [-1])), separator=",")
+            tf.reshape(p if getattr(p, "dtype", None) == tf.string else
+                       tf.strings.as_string(p), [-1]), separator=",")
         for p in parts])
 
 

@@ -114,18 +114,21 @@ def partition_by_shard(ids, num_shards, dynamic=False):
 
 
 def sample_keys(ids, row_splits, first_sample, stride):
-  ids = tf.cast(ids, tf.int64)
+  ids = index_tensor(ids, "ids")
   if not types.on_cpu(ids.device):
     return reference.sample_keys(ids, row_splits, first_sample, stride)  # the CPU's kernel
-  return load().tfde_sample_keys(ids, tf.cast(row_splits, tf.int64),
-                                 tf.cast(first_sample, tf.int64), tf.cast(stride, tf.int64))
+  return load().tfde_sample_keys(*(tf.cast(index_tensor(x, name), tf.int64) for x, name in (
+      (ids, "ids"), (row_splits, "row_splits"), (first_sample, "first_sample"),
+      (stride, "stride"))))
 
 
 def split_sample_keys(keys, num_samples, bits):
-  keys = tf.cast(keys, tf.int64)
+  keys = index_tensor(keys, "keys")
   if not types.on_cpu(keys.device):
     return reference.split_sample_keys(keys, num_samples, bits)  # the CPU's kernel
-  return load().tfde_split_sample_keys(keys, tf.cast(num_samples, tf.int64), bits=int(bits))
+  return load().tfde_split_sample_keys(
+      tf.cast(keys, tf.int64), tf.cast(index_tensor(num_samples, "num_samples"), tf.int64),
+      bits=int(bits))
 
 
 def embedding_combine(rows, inverse, row_splits, weights=None, combiner="sum"):

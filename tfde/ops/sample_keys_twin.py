@@ -18,36 +18,48 @@ import tensorflow as tf
 from tfde.ops.checks import assert_that
 from tfde.ops.checks import check
 from tfde.ops.checks import check_rank
+from tfde.ops.checks import check_scalars
 from tfde.ops.checks import first_offender
+from tfde.ops.checks import index_tensor
 
 _INT64_MAX = 2**63 - 1
+
+
+def _int64(value, name):
+  return tf.cast(index_tensor(value, name), tf.int64)
 
 
 def sample_keys(ids, row_splits, first_sample, stride):
   """keys[i] = (s + first_sample) * stride + ids[i], s the sample (row of
   `row_splits`) of ids[i]; every id in [0, stride), the splits a ragged
   batch's over the ids, no key past the largest int64."""
-  ids, splits, first_sample, stride = (tf.cast(x, tf.int64) for x in (
-      ids, row_splits, first_sample, stride))
-  checks = check_rank(ids, 1, "ids") + check_rank(splits, 1, "row_splits")
+  ids, splits, first_sample, stride = (_int64(x, name) for x, name in (
+      (ids, "ids"), (row_splits, "row_splits"), (first_sample, "first_sample"),
+      (stride, "stride")))
+  checks = (check_rank(ids, 1, "ids") + check_rank(splits, 1, "row_splits") +
+            check_scalars([first_sample, stride], ["first_sample", "stride"]))
   n = tf.size(ids, out_type=tf.int64)
   samples = tf.size(splits, out_type=tf.int64) - 1
-  checks += [
-      assert_that(samples >= 0, "row_splits must be a non-empty vector"),
-      assert_that(first_sample >= 0, "first_sample must be >= 0, got ", first_sample),
-      assert_that(stride > 0, "stride must be positive, got ", stride)]
+  with tf.control_dependencies(checks):
+    checks += [
+        assert_that(samples >= 0, "row_splits must be a non-empty vector"),
+        assert_that(first_sample >= 0, "first_sample must be >= 0, got ", first_sample),
+        assert_that(stride > 0, "stride must be positive, got ", stride)]
   with tf.control_dependencies(checks):
     ends = tf.concat([splits[:1], splits[-1:]], 0)
     checks.append(assert_that(tf.reduce_all(tf.equal(ends, tf.stack([0, n]))),
                               "row_splits must start at 0 and end at the ", n,
-                              " ids, got ", ends))
+                              " ids, got ", ends[0], " and ", ends[-1]))
+  with tf.control_dependencies(checks):
     none, i, value = first_offender(splits[1:] < splits[:-1], splits[1:])
     checks.append(assert_that(none, "row_splits[", i + 1, "] = ", value,
-                              " < row_splits[", i, "]"))
+                              " < row_splits[", i, "] = ", tf.gather(splits, i)))
+  with tf.control_dependencies(checks):
     checks.append(assert_that(
         tf.logical_or(tf.equal(samples, 0), first_sample <= _INT64_MAX // stride - samples),
         "keys of ", samples, " samples from sample ", first_sample, " at stride ", stride,
         " pass the largest int64"))
+  with tf.control_dependencies(checks):
     none, i, value = first_offender((ids < 0) | (ids >= stride), ids)
     checks.append(assert_that(none, "ids[", i, "] = ", value, " is not in [0, stride = ",
                               stride, ")"))
@@ -60,20 +72,31 @@ def split_sample_keys(keys, num_samples, bits):
   """(ids, row_splits) of keys `sample * 2^bits + id` in increasing
   sample: each key's id (its remainder by 2^bits), and the [num_samples +
   1] splits of the ids by sample."""
-  keys, num_samples = tf.cast(keys, tf.int64), tf.cast(num_samples, tf.int64)
   checks = check(0 <= bits < 63, "bits must be in [0, 63), got ", str(bits))
-  checks += check_rank(keys, 1, "keys")
-  sample = tf.bitwise.right_shift(keys, bits)
-  none, i, value = first_offender(keys < 0, keys)
-  checks.append(assert_that(none, "keys[", i, "] = ", value, " is negative"))
+  keys, num_samples = _int64(keys, "keys"), _int64(num_samples, "num_samples")
+  checks += check_rank(keys, 1, "keys") + check_scalars([num_samples], ["num_samples"])
   with tf.control_dependencies(checks):
-    none, i, value = first_offender(sample >= num_samples, keys)
-    checks.append(assert_that(none, "keys[", i, "] = ", value, " is of a sample not below "
-                              "num_samples = ", num_samples))
-    none, i, value = first_offender(sample[1:] < sample[:-1], keys[1:])
-    checks.append(assert_that(none, "keys[", i + 1, "] = ", value, " is of a sample below "
-                              "the sample of the key before it: keys must be in "
-                              "increasing sample"))
+    checks.append(assert_that((num_samples >= 0) & (num_samples < _INT64_MAX),
+                              "num_samples must be in [0, 2^63 - 1), got ", num_samples))
+  with tf.control_dependencies(checks):
+    # The kernel's one pass names the first key with any fault, and the
+    # fault it has (in this order).
+    sample = tf.bitwise.right_shift(keys, bits)
+    before = tf.concat([sample[:1], sample[:-1]], 0)
+    faults = tf.stack([keys < 0, sample >= num_samples, sample < before])
+    none, i, value = first_offender(tf.reduce_any(faults, 0), keys)
+    # Padded by one key, where i is the size when no key is at fault.
+    fault = tf.argmax(tf.gather(tf.pad(tf.cast(faults, tf.int32), [[0, 0], [0, 1]]), i,
+                                axis=1))
+    of_sample = tf.strings.join([" is of sample ", tf.strings.as_string(
+        tf.gather(tf.pad(sample, [[0, 1]]), i)), ", "])
+    said = tf.gather(tf.stack([
+        tf.constant(" is negative"),
+        tf.strings.join([of_sample, "not below num_samples = ",
+                         tf.strings.as_string(num_samples)]),
+        tf.strings.join([of_sample, "below the sample of the key before it: keys must be "
+                         "in increasing sample"])]), fault)
+    checks.append(assert_that(none, "keys[", i, "] = ", value, said))
   with tf.control_dependencies(checks):
     ids = tf.bitwise.bitwise_and(keys, (1 << bits) - 1)
     splits = tf.searchsorted(sample, tf.range(num_samples + 1), out_type=tf.int64)
