@@ -1,5 +1,6 @@
 """Fuzz cases of the id ops: unique_with_counts, partition_by_shard,
-check_id_range and sorted_unique_in_range."""
+check_id_range, sorted_unique_in_range, and the pooled exchange's
+sample_keys and split_sample_keys."""
 
 import numpy as np
 
@@ -200,3 +201,134 @@ class SortedUniqueInRange(Op):
   def call(self, inp, ctx, tf, tfde):
     return [x.numpy() for x in tfde.ops.sorted_unique_in_range(_t(tf, inp["ids"]),
                                                                inp["num_ids"])]
+
+
+# ---- sample_keys and split_sample_keys (the pooled exchange's keys)
+
+
+def _splits_mutation(change, note):
+  def mutate(rng, inp):
+    splits = inp["row_splits"].copy()
+    return change(rng, splits) and _set(inp, "row_splits", splits, note)
+  return mutate
+
+
+def _swap_two(rng, splits):
+  if splits.size < 3 or splits[1] == splits[2]:
+    return False
+  splits[1], splits[2] = splits[2], splits[1]
+  return True
+
+
+class SampleKeys(Op):
+  name = "sample_keys"
+
+  def valid(self, rng):
+    lengths = rng.integers(0, 4, size=int(rng.integers(0, 8)))
+    splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    stride = int(rng.choice([1, 4, 2**20, 2**40]))
+    return dict(ids=rng.integers(0, stride, size=int(splits[-1])).astype(np.int64),
+                row_splits=splits, first_sample=int(rng.integers(0, 100)), stride=stride)
+
+  MUTATIONS = {
+      "id_at_stride": ("value", _id_mutation(lambda rng, inp: inp["stride"], "(the stride)")),
+      "negative_id": ("negative", _id_mutation(lambda rng, inp: -1, "")),
+      "id_int64_max": ("extreme", _id_mutation(lambda rng, inp: I64_MAX, "")),
+      "splits_decrease": ("value", _splits_mutation(_swap_two, "with two splits swapped")),
+      "splits_end_short": ("value", _splits_mutation(
+          lambda rng, s: s[-1] > 0 and s.__setitem__(-1, s[-1] - 1) is None, "ending short")),
+      "splits_start_1": ("value", _splits_mutation(
+          lambda rng, s: s.size > 1 and s.__setitem__(0, 1) is None, "starting at 1")),
+      "splits_empty": ("empty", lambda rng, inp: _set(inp, "row_splits",
+                                                      inp["row_splits"][:0], "empty")),
+      "first_sample_negative": ("negative", lambda rng, inp: _set(inp, "first_sample", -1,
+                                                                  "= -1")),
+      "first_sample_vector": ("rank", lambda rng, inp: _set(
+          inp, "first_sample", np.array([0], np.int64), "[0]")),
+      "stride_0": ("value", lambda rng, inp: _set(inp, "stride", 0, "= 0")),
+      "keys_overflow": ("extreme", lambda rng, inp: _set(inp, "first_sample", I64_MAX // 2,
+                                                         "= int64 max / 2")),
+      **_ids_shape_and_dtype_mutations(),
+  }
+
+  def oracle(self, inp):
+    ids, splits = inp["ids"], inp["row_splits"]
+    _int_vector(ids, "ids")
+    _int_vector(splits, "row_splits")
+    first = _int_scalar(inp["first_sample"], "first_sample", 0)
+    stride = _int_scalar(inp["stride"], "stride", 1)
+    _refuse_if(splits.size == 0, "no row splits")
+    _refuse_if(splits[0] != 0 or splits[-1] != ids.size or bool((np.diff(splits) < 0).any()),
+               "row splits not a batch's over the ids")
+    samples = splits.size - 1
+    _refuse_if(samples > 0 and (samples + first) * stride - 1 > I64_MAX, "keys past int64")
+    _refuse_if(bool(((ids < 0) | (ids >= stride)).any()), "an id not in [0, stride)")
+    sample = np.repeat(np.arange(samples), np.diff(splits))
+    keys = [(int(s) + first) * stride + int(i) for s, i in zip(sample, ids)]
+    return dict(result=[np.array(keys, np.int64)])
+
+  def call(self, inp, ctx, tf, tfde):
+    return [tfde.ops.sample_keys(_t(tf, inp["ids"]), _t(tf, inp["row_splits"]),
+                                 _t(tf, inp["first_sample"]), inp["stride"]).numpy()]
+
+
+class SplitSampleKeys(Op):
+  name = "split_sample_keys"
+
+  def valid(self, rng):
+    num_samples, bits = int(rng.integers(0, 10)), int(rng.choice([0, 2, 20, 40]))
+    n = int(rng.integers(0, 20)) if num_samples else 0
+    sample = np.sort(rng.integers(0, max(num_samples, 1), size=n))
+    keys = (sample << bits) + rng.integers(0, 2**bits, size=n)
+    return dict(keys=keys.astype(np.int64), num_samples=num_samples, bits=bits)
+
+  def _key(make, note):
+    def mutate(rng, inp):
+      if inp["keys"].size == 0:
+        return False
+      keys = inp["keys"].copy()
+      i = _pick(rng, keys)
+      keys[i] = make(inp)
+      return _set(inp, "keys", keys, f"[{i}] = {keys[i]} {note}")
+    return mutate
+
+  def _reversed(rng, inp):
+    keys = inp["keys"]
+    if len(set((keys >> inp["bits"]).tolist())) < 2:
+      return False
+    return _set(inp, "keys", keys[::-1].copy(), "reversed")
+
+  MUTATIONS = {
+      "negative_key": ("negative", _key(lambda inp: -1, "")),
+      "key_past_samples": ("value", _key(lambda inp: inp["num_samples"] << inp["bits"],
+                                         "(sample num_samples)")),
+      "key_int64_max": ("extreme", _key(lambda inp: I64_MAX, "")),
+      "keys_out_of_order": ("value", _reversed),
+      "num_samples_negative": ("negative", lambda rng, inp: _set(inp, "num_samples", -1,
+                                                                 "= -1")),
+      "num_samples_vector": ("rank", lambda rng, inp: _set(
+          inp, "num_samples", np.array([3], np.int64), "[3]")),
+      "keys_float": ("dtype", lambda rng, inp: _set(inp, "keys", inp["keys"] + 0.5,
+                                                    "float64 + 0.5")),
+      "keys_rank2": ("rank", lambda rng, inp: inp["keys"].size > 0 and _set(
+          inp, "keys", inp["keys"].reshape(1, -1), "with shape [1, n]")),
+  }
+
+  def oracle(self, inp):
+    keys, bits = inp["keys"], inp["bits"]
+    _int_vector(keys, "keys")
+    num = _int_scalar(inp["num_samples"], "num_samples", 0, I64_MAX - 1)
+    _check_bytes(8 * (num + 1), "row_splits")
+    previous = 0
+    for k in keys.tolist():
+      _refuse_if(k < 0, "a negative key")
+      _refuse_if(k >> bits >= num, "a key's sample past num_samples")
+      _refuse_if(k >> bits < previous, "keys not in increasing sample")
+      previous = k >> bits
+    sample = keys >> bits
+    return dict(result=[keys & ((1 << bits) - 1),
+                        np.searchsorted(sample, np.arange(num + 1)).astype(np.int64)])
+
+  def call(self, inp, ctx, tf, tfde):
+    return [x.numpy() for x in tfde.ops.split_sample_keys(
+        _t(tf, inp["keys"]), _t(tf, inp["num_samples"]), inp["bits"])]

@@ -18,7 +18,8 @@ import numpy as np
 
 from tests.fuzz_ops_combine import BagGradients, Combine, CombineGrad
 from tests.fuzz_ops_dynamic import DynamicStore
-from tests.fuzz_ops_ids import CheckIdRange, Partition, SortedUniqueInRange, Unique
+from tests.fuzz_ops_ids import (CheckIdRange, Partition, SampleKeys, SortedUniqueInRange,
+                                SplitSampleKeys, Unique)
 from tests.fuzz_ops_sparse_apply import SparseApply
 from tests.fuzz_ops_tables import CombineFromTables, GatherFromTables, SplitRows
 from tests.fuzz_oracle import (BACKENDS, MEMORY_CAP, Refuse, _may_refuse, _state_equal,
@@ -28,7 +29,8 @@ from tests.fuzz_oracle import (BACKENDS, MEMORY_CAP, Refuse, _may_refuse, _state
 OPS = [Unique(), Partition(), CheckIdRange(), SortedUniqueInRange(), Combine(), CombineGrad(),
        BagGradients(), SplitRows(), GatherFromTables(), CombineFromTables(), SparseApply(bags=False),
        SparseApply(bags=True), DynamicStore("lookup"), DynamicStore("apply"),
-       DynamicStore("import_"), DynamicStore("evict"), DynamicStore("create")]
+       DynamicStore("import_"), DynamicStore("evict"), DynamicStore("create"), SampleKeys(),
+       SplitSampleKeys()]
 OP_NAMES = [op.name for op in OPS]
 # One cycle of cases: every op with each of its mutations once, and two
 # valid calls.
