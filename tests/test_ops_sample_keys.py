@@ -133,3 +133,23 @@ def test_key_ops_refuse_non_scalar_counts(op_backend):
                          tf.constant([0, 0], tf.int64), 4)
   with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="num_samples must be"):
     tfde.ops.split_sample_keys(tf.constant([1], tf.int64), tf.constant([4, 4], tf.int64), 2)
+
+
+def test_off_the_cpu_forms_match_numpy():
+  """What a GPU runs (no kernel there, and no Asserts waiting for the
+  host): the stock-op forms, run here on their CPU kernels, on valid
+  input, against numpy."""
+  from tfde.ops import sample_keys_twin  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  for samples, bits in ((0, 3), (1, 0), (40, 7), (2000, 20)):
+    ids, splits = _ragged(rng, samples, 2**bits)
+    keys = sample_keys_twin.keys_of_samples(tf.constant(ids), tf.constant(splits),
+                                            tf.constant(5, tf.int64),
+                                            tf.constant(2**bits, tf.int64))
+    sample = np.repeat(np.arange(samples), np.diff(splits))
+    np.testing.assert_array_equal(keys.numpy(), ((sample + 5) << bits) + ids)
+    got_ids, got_splits = sample_keys_twin.ids_and_splits_of_keys(
+        keys, tf.constant(samples + 5, tf.int64), bits)
+    np.testing.assert_array_equal(got_ids.numpy(), ids)
+    np.testing.assert_array_equal(got_splits.numpy(),
+                                  np.searchsorted(sample + 5, np.arange(samples + 6)))

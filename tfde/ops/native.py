@@ -14,6 +14,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from tfde.ops import reference
+from tfde.ops import sample_keys_twin
 from tfde.ops import types
 from tfde.ops.checks import grad_rows_in_range, index_tensor
 
@@ -114,21 +115,24 @@ def partition_by_shard(ids, num_shards, dynamic=False):
 
 
 def sample_keys(ids, row_splits, first_sample, stride):
-  ids = index_tensor(ids, "ids")
-  if not types.on_cpu(ids.device):
-    return reference.sample_keys(ids, row_splits, first_sample, stride)  # the CPU's kernel
-  return load().tfde_sample_keys(*(tf.cast(index_tensor(x, name), tf.int64) for x, name in (
+  args = [tf.cast(index_tensor(x, name), tf.int64) for x, name in (
       (ids, "ids"), (row_splits, "row_splits"), (first_sample, "first_sample"),
-      (stride, "stride"))))
+      (stride, "stride"))]
+  if not types.on_cpu(args[0].device):
+    # The kernel is the CPU's. Elsewhere (a GPU) the stock ops, unchecked
+    # as stamp_rows' scatter is: the splits were checked as the batch came
+    # in, and the twin's Asserts would each wait for the host.
+    return sample_keys_twin.keys_of_samples(*args)
+  return load().tfde_sample_keys(*args)
 
 
 def split_sample_keys(keys, num_samples, bits):
-  keys = index_tensor(keys, "keys")
+  keys = tf.cast(index_tensor(keys, "keys"), tf.int64)
+  num_samples = tf.cast(index_tensor(num_samples, "num_samples"), tf.int64)
   if not types.on_cpu(keys.device):
-    return reference.split_sample_keys(keys, num_samples, bits)  # the CPU's kernel
-  return load().tfde_split_sample_keys(
-      tf.cast(keys, tf.int64), tf.cast(index_tensor(num_samples, "num_samples"), tf.int64),
-      bits=int(bits))
+    # Keys the pipeline made in increasing sample (as sample_keys).
+    return sample_keys_twin.ids_and_splits_of_keys(keys, num_samples, int(bits))
+  return load().tfde_split_sample_keys(keys, num_samples, bits=int(bits))
 
 
 def embedding_combine(rows, inverse, row_splits, weights=None, combiner="sum"):

@@ -64,8 +64,15 @@ def sample_keys(ids, row_splits, first_sample, stride):
     checks.append(assert_that(none, "ids[", i, "] = ", value, " is not in [0, stride = ",
                               stride, ")"))
   with tf.control_dependencies(checks):
-    sample = tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)
-    return (sample + first_sample) * stride + ids
+    return keys_of_samples(ids, splits, first_sample, stride)
+
+
+def keys_of_samples(ids, row_splits, first_sample, stride):
+  """`sample_keys` without its checks (int64 inputs): what a GPU runs, as
+  the pipeline did before the kernel, its splits checked where its batch
+  came in, and no Assert's wait for the host in its step."""
+  sample = tf.ragged.row_splits_to_segment_ids(row_splits, out_type=tf.int64)
+  return (sample + first_sample) * stride + ids
 
 
 def split_sample_keys(keys, num_samples, bits):
@@ -98,6 +105,12 @@ def split_sample_keys(keys, num_samples, bits):
                          "in increasing sample"])]), fault)
     checks.append(assert_that(none, "keys[", i, "] = ", value, said))
   with tf.control_dependencies(checks):
-    ids = tf.bitwise.bitwise_and(keys, (1 << bits) - 1)
-    splits = tf.searchsorted(sample, tf.range(num_samples + 1), out_type=tf.int64)
-    return ids, splits
+    return ids_and_splits_of_keys(keys, num_samples, bits)
+
+
+def ids_and_splits_of_keys(keys, num_samples, bits):
+  """`split_sample_keys` without its checks (int64 inputs): what a GPU
+  runs, on keys the pipeline made in increasing sample."""
+  sample = tf.bitwise.right_shift(keys, bits)
+  ids = tf.bitwise.bitwise_and(keys, (1 << bits) - 1)
+  return ids, tf.searchsorted(sample, tf.range(num_samples + 1), out_type=tf.int64)
