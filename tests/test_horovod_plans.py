@@ -21,12 +21,14 @@ unknown first dimension. Then the 2-rank runs, which exercise all of it
 for real (with the helpers of tests/test_multiprocess.py).
 """
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.grappler import tf_optimizer
 
 import tfde
+from tests import horovod_tf1_worker
 from tests.test_multiprocess import (TIMEOUT_S, _check_against_reference, _check_dynamic,
                                      _dynamic_batches, _horovodrun, _write_batches)
 
@@ -155,3 +157,27 @@ def test_dynamic_table_wise_table_under_horovod(tmp_path):
                          "ftrl", "--batches", batches_path, "--out", str(tmp_path),
                          "--layouts", "table_wise"])
   _check_dynamic(str(tmp_path), "ftrl", batches)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("plan", ["table_wise", "beside_row_wise"])
+def test_tf1_graph_under_horovod_trains_a_plan(tmp_path, plan):
+  """A TF1 graph (`tf.compat.v1.Session`), where Horovod's splits pass
+  through a stateful identity: a rank holding none of a group's rows
+  trains 3 SGD steps of the sum of the outputs, and every row of both
+  tables (probed through the lookup on each rank) moves as numpy says:
+  by the learning rate times the id's count in both ranks' batches.
+  Its boundary: the loss is fetched with the train op, as an estimator's
+  session does; the train op alone hangs (notes/session22/)."""
+  steps, w = 3, horovod_tf1_worker
+  _horovodrun(tmp_path, ["tests.horovod_tf1_worker", "--plan", plan, "--steps", str(steps),
+                         "--out", str(tmp_path)])
+  counts = np.bincount(w.BATCHES[0] + w.BATCHES[1], minlength=w.VOCAB)[:, None]
+  ranks = [np.load(tmp_path / f"tf1_{plan}_{r}.npz") for r in (0, 1)]
+  for feature in ("a", "b"):
+    before = ranks[0][f"before/{feature}"]
+    assert before.shape[0] == w.VOCAB and np.abs(before).max() > 0
+    for result in ranks:
+      np.testing.assert_array_equal(result[f"before/{feature}"], before)
+      np.testing.assert_allclose(result[f"after/{feature}"],
+                                 before - steps * w.LEARNING_RATE * counts, rtol=1e-6)

@@ -72,7 +72,7 @@ def _isolated_tests_package(tmp_path):
   for name in ("__init__.py", "oracles.py", "sharded_harness.py",
                "multiprocess_worker.py", "dynamic_harness.py", "dynamic_worker.py",
                "sok_worker.py", "mxrec_worker.py", "worker_common.py",
-               "nonfinite_worker.py", "peer_worker.py"):
+               "nonfinite_worker.py", "peer_worker.py", "horovod_tf1_worker.py"):
     shutil.copy(os.path.join(REPO, "tests", name), package / name)
   return str(tmp_path / "pkg")
 
