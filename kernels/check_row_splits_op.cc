@@ -49,27 +49,9 @@ class CheckRowSplitsOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& splits_t = ctx->input(0);
     int64_t num_ids;
     OP_REQUIRES_OK(ctx, ReadIndexScalar(ctx->input(1), "num_ids", &num_ids));
-    OP_REQUIRES(ctx, splits_t.dims() == 1,
-                InvalidArgument(what_, ": row splits must be a vector, got shape ",
-                                splits_t.shape().DebugString()));
-    const int64_t n = splits_t.NumElements();
-    const Split* splits = splits_t.flat<Split>().data();
-    const std::string bad = what_ +
-                            ": ragged ids have row splits that do not start at 0, never "
-                            "decrease and end at the number of ids: ";
-    OP_REQUIRES(ctx, n > 0, InvalidArgument(bad, "there are none"));
-    OP_REQUIRES(ctx, splits[0] == 0, InvalidArgument(bad, "row_splits[0] = ", splits[0]));
-    for (int64_t b = 1; b < n; ++b) {
-      OP_REQUIRES(ctx, splits[b] >= splits[b - 1],
-                  InvalidArgument(bad, "row_splits[", b, "] = ", splits[b], " < row_splits[",
-                                  b - 1, "] = ", splits[b - 1]));
-    }
-    OP_REQUIRES(ctx, static_cast<int64_t>(splits[n - 1]) == num_ids,
-                InvalidArgument(bad, "row_splits[", n - 1, "] = ", splits[n - 1], " but there are ",
-                                num_ids, " ids"));
+    OP_REQUIRES_OK(ctx, CheckRowSplitsOver<Split>(ctx->input(0), num_ids, what_));
   }
 
  private:

@@ -99,6 +99,36 @@ inline Status CheckRaggedInputs(const Tensor& inverse, const Tensor& splits,
   return absl::OkStatus();
 }
 
+// Row splits of a ragged input over `num_ids` ids, read in host memory:
+// they start at 0, never decrease and end at `num_ids`; otherwise an
+// InvalidArgument naming `what` (the feature and table, or the input) and
+// the first bad split (TfdeCheckRowSplits, TfdeSampleKeys).
+template <typename Split>
+Status CheckRowSplitsOver(const Tensor& splits_t, int64_t num_ids, const std::string& what) {
+  if (splits_t.dims() != 1) {
+    return InvalidArgument(what, ": row splits must be a vector, got shape ",
+                           splits_t.shape().DebugString());
+  }
+  const int64_t n = splits_t.NumElements();
+  const Split* splits = splits_t.flat<Split>().data();
+  const std::string bad = what +
+                          ": ragged ids have row splits that do not start at 0, never "
+                          "decrease and end at the number of ids: ";
+  if (n == 0) return InvalidArgument(bad, "there are none");
+  if (splits[0] != 0) return InvalidArgument(bad, "row_splits[0] = ", splits[0]);
+  for (int64_t b = 1; b < n; ++b) {
+    if (splits[b] < splits[b - 1]) {
+      return InvalidArgument(bad, "row_splits[", b, "] = ", splits[b], " < row_splits[", b - 1,
+                             "] = ", splits[b - 1]);
+    }
+  }
+  if (static_cast<int64_t>(splits[n - 1]) != num_ids) {
+    return InvalidArgument(bad, "row_splits[", n - 1, "] = ", splits[n - 1], " but there are ",
+                           num_ids, " ids");
+  }
+  return absl::OkStatus();
+}
+
 // Combine and its gradient: a [rows, dim] matrix (`name`) and a ragged batch.
 inline Status CheckCombineInputs(const Tensor& table_like, const char* name,
                                  const Tensor& inverse, const Tensor& splits,

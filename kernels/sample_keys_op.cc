@@ -46,7 +46,8 @@ REGISTER_OP("TfdeSampleKeys")
 keys[i] = (s + first_sample) * stride + ids[i], where s is the sample (row of
 `row_splits`) that ids[i] belongs to.
 
-row_splits: start at 0, never decrease, end at size(ids).
+row_splits: start at 0, never decrease, end at size(ids) (else the error of
+  TfdeCheckRowSplits, for "row_splits").
 ids: each in [0, stride), so that a key's remainder by stride is its id.
 first_sample: this replica's first sample in the global batch, >= 0.
 stride: > 0; no key may pass the largest int64.
@@ -85,9 +86,6 @@ class SampleKeysOp : public OpKernel {
     const Tensor& ids_t = ctx->input(0);
     const Tensor& splits_t = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckIdVector(ids_t));
-    OP_REQUIRES(ctx, splits_t.dims() == 1 && splits_t.NumElements() > 0,
-                InvalidArgument("row_splits must be a non-empty vector, got shape ",
-                                splits_t.shape().DebugString()));
     int64_t first_sample, stride;
     OP_REQUIRES_OK(ctx, ReadInt64Scalar(ctx, 2, "first_sample", &first_sample));
     OP_REQUIRES_OK(ctx, ReadInt64Scalar(ctx, 3, "stride", &stride));
@@ -95,17 +93,10 @@ class SampleKeysOp : public OpKernel {
                 InvalidArgument("first_sample must be >= 0, got ", first_sample));
     OP_REQUIRES(ctx, stride > 0, InvalidArgument("stride must be positive, got ", stride));
     const int64_t n = ids_t.NumElements();
+    OP_REQUIRES_OK(ctx, CheckRowSplitsOver<int64_t>(splits_t, n, "row_splits"));
     const int64_t samples = splits_t.NumElements() - 1;
     const int64_t* ids = ids_t.flat<int64_t>().data();
     const int64_t* splits = splits_t.flat<int64_t>().data();
-    OP_REQUIRES(ctx, splits[0] == 0 && splits[samples] == n,
-                InvalidArgument("row_splits must start at 0 and end at the ", n,
-                                " ids, got ", splits[0], " and ", splits[samples]));
-    for (int64_t s = 1; s <= samples; ++s) {
-      OP_REQUIRES(ctx, splits[s] >= splits[s - 1],
-                  InvalidArgument("row_splits[", s, "] = ", splits[s], " < row_splits[", s - 1,
-                                  "] = ", splits[s - 1]));
-    }
     // The largest key, (samples - 1 + first_sample) * stride + stride - 1,
     // must be an int64.
     const int64_t max = std::numeric_limits<int64_t>::max();

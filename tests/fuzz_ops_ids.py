@@ -220,6 +220,20 @@ def _swap_two(rng, splits):
   return True
 
 
+def _end_short(rng, splits):
+  if splits[-1] == 0:
+    return False
+  splits[-1] -= 1
+  return True
+
+
+def _start_at_1(rng, splits):
+  if splits.size < 2:
+    return False
+  splits[0] = 1
+  return True
+
+
 class SampleKeys(Op):
   name = "sample_keys"
 
@@ -235,10 +249,8 @@ class SampleKeys(Op):
       "negative_id": ("negative", _id_mutation(lambda rng, inp: -1, "")),
       "id_int64_max": ("extreme", _id_mutation(lambda rng, inp: I64_MAX, "")),
       "splits_decrease": ("value", _splits_mutation(_swap_two, "with two splits swapped")),
-      "splits_end_short": ("value", _splits_mutation(
-          lambda rng, s: s[-1] > 0 and s.__setitem__(-1, s[-1] - 1) is None, "ending short")),
-      "splits_start_1": ("value", _splits_mutation(
-          lambda rng, s: s.size > 1 and s.__setitem__(0, 1) is None, "starting at 1")),
+      "splits_end_short": ("value", _splits_mutation(_end_short, "ending short")),
+      "splits_start_1": ("value", _splits_mutation(_start_at_1, "starting at 1")),
       "splits_empty": ("empty", lambda rng, inp: _set(inp, "row_splits",
                                                       inp["row_splits"][:0], "empty")),
       "first_sample_negative": ("negative", lambda rng, inp: _set(inp, "first_sample", -1,

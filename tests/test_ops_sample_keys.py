@@ -68,12 +68,19 @@ def test_keys_round_trip_through_a_partition(op_backend):
     start += count
 
 
+# TfdeCheckRowSplits' error and its twin's, for the input "row_splits"
+# (the kernel names the bad split too: test_ops.py's row-splits tests).
+_BAD_SPLITS = (r"row_splits: ragged ids have row splits that do not start at 0, never "
+               r"decrease and end at the number of ids")
+
+
 @pytest.mark.parametrize("ids, splits, first, stride, match", [
     ([1, 9, 2], [0, 2, 3], 0, 8, r"ids\[\D*1\D*\] = \D*9 is not in \[0, stride = \D*8"),
     ([1, -1], [0, 2], 0, 8, r"ids\[\D*1\D*\] = \D*-1 is not in"),
-    ([1, 2], [0, 1], 0, 8, "row_splits must start at 0 and end at the"),
-    ([1, 2], [1, 2], 0, 8, "row_splits must start at 0 and end at the"),
-    ([1, 2, 3], [0, 2, 1, 3], 0, 8, r"row_splits\[\D*2\D*\] = \D*1 < row_splits\[\D*1"),
+    ([1, 2], [0, 1], 0, 8, _BAD_SPLITS),
+    ([1, 2], [1, 2], 0, 8, _BAD_SPLITS),
+    ([1, 2, 3], [0, 2, 1, 3], 0, 8, _BAD_SPLITS),
+    ([1, 2], [], 0, 8, _BAD_SPLITS),
     ([1], [0, 1], -1, 8, "first_sample must be >= 0"),
     ([1], [0, 1], 0, 0, "stride must be positive"),
     ([1], [0, 1], 2**40, 2**30, "pass the largest int64"),

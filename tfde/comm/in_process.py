@@ -144,9 +144,7 @@ class MirroredCommunicator(Communicator):
     # gradients: 12 Tile ops and about 1 ms of a 4-replica step's kernel
     # time, notes/session22/replica_profile_4_all.txt).
     del plan
-    n = self.num_replicas
-    if n == 1:
-      return data
+    n = self.num_replicas  # more than one: one replica gets a LocalCommunicator
 
     def gather(strategy, data):
       datas = strategy.experimental_local_results(data)

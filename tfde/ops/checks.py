@@ -213,6 +213,22 @@ def check_rank(tensor, rank, name):
   return check(tf.equal(tf.rank(tensor), rank), what, "[", tf.shape(tensor), "]")
 
 
+def check_row_splits(splits, num_ids, what):
+  """The twin of TfdeCheckRowSplits: an Assert that `splits` are a ragged
+  input's over `num_ids` ids (they start at 0, never decrease and end at
+  `num_ids`), naming `what`; eagerly it raises at once."""
+  splits = index_tensor(splits, "row_splits")
+  checks = check_rank(splits, 1, f"{what}: row splits")
+  wide = tf.cast(splits, tf.int64)
+  valid = tf.logical_and(
+      tf.logical_and(tf.size(wide) > 0, tf.reduce_all(tf.equal(wide[:1], 0))),
+      tf.logical_and(tf.reduce_all(tf.equal(wide[-1:], tf.cast(num_ids, tf.int64))),
+                     tf.reduce_all(wide[1:] >= wide[:-1])))
+  with tf.control_dependencies(checks):
+    return assert_that(valid, what, ": ragged ids have row splits that do not start at 0, "
+                       "never decrease and end at the number of ids")
+
+
 def check_scalars(values, names):
   """Each of `values` a scalar, as the kernels read their hyperparameters."""
   return [c for v, name in zip(values, names)

@@ -18,6 +18,7 @@ import tensorflow as tf
 from tfde.ops.checks import assert_that
 from tfde.ops.checks import check
 from tfde.ops.checks import check_rank
+from tfde.ops.checks import check_row_splits
 from tfde.ops.checks import check_scalars
 from tfde.ops.checks import first_offender
 from tfde.ops.checks import index_tensor
@@ -42,18 +43,10 @@ def sample_keys(ids, row_splits, first_sample, stride):
   samples = tf.size(splits, out_type=tf.int64) - 1
   with tf.control_dependencies(checks):
     checks += [
-        assert_that(samples >= 0, "row_splits must be a non-empty vector"),
         assert_that(first_sample >= 0, "first_sample must be >= 0, got ", first_sample),
         assert_that(stride > 0, "stride must be positive, got ", stride)]
   with tf.control_dependencies(checks):
-    ends = tf.concat([splits[:1], splits[-1:]], 0)
-    checks.append(assert_that(tf.reduce_all(tf.equal(ends, tf.stack([0, n]))),
-                              "row_splits must start at 0 and end at the ", n,
-                              " ids, got ", ends[0], " and ", ends[-1]))
-  with tf.control_dependencies(checks):
-    none, i, value = first_offender(splits[1:] < splits[:-1], splits[1:])
-    checks.append(assert_that(none, "row_splits[", i + 1, "] = ", value,
-                              " < row_splits[", i, "] = ", tf.gather(splits, i)))
+    checks.append(check_row_splits(splits, n, "row_splits"))
   with tf.control_dependencies(checks):
     checks.append(assert_that(
         tf.logical_or(tf.equal(samples, 0), first_sample <= _INT64_MAX // stride - samples),
