@@ -6,10 +6,9 @@ group's rows (launched by tests/test_horovod_plans.py).
   "beside_row_wise": A whole on rank 0, B (3 wide) row-wise on both.
 
 Each plan's lookup is probed (every id of the vocabulary, one per sample)
-before and after `--steps` SGD steps of the sum of its outputs (the loss
-fetched with the train op), and the
-probes are written to OUT/tf1_{plan}_{rank}.npz for the parent to check
-against numpy. In TF1 graphs Horovod's collectives take their splits
+before and after `--steps` SGD steps of the sum of its outputs (the train
+op fetched alone), and the probes are written to OUT/tf1_{plan}_{rank}.npz
+for the parent to check against numpy. In TF1 graphs Horovod's collectives take their splits
 through a stateful identity (`tfde/comm/horovod.py`), which the 2-rank
 runs of TF2 functions do not exercise.
 """
@@ -64,11 +63,11 @@ def main():
               tf.compat.v1.local_variables_initializer()])
     before = sess.run(probe)
     for _ in range(args.steps):
-      # The loss with the train op, as an estimator's session fetches them.
-      # The train op alone hangs where a rank holds none of a group's rows:
-      # the session prunes a collective its rank's fetches do not reach,
-      # which the peer waits in (notes/session22/tf1_train_only.txt).
-      sess.run([loss, train])
+      # The train op alone, which reaches no forward output: this hung
+      # where a rank holds none of a group's rows (the session skipped an
+      # exchange its fetches did not reach, which the peer waited in;
+      # notes/session22/tf1_train_only.txt). Estimators fetch the loss too.
+      sess.run(train)
     after = sess.run(probe)
   np.savez(os.path.join(args.out, f"tf1_{args.plan}_{rank}.npz"),
            **{f"before/{f}": v for f, v in before.items()},

@@ -274,7 +274,12 @@ class ShardedLookup(tf.Module):
         for step in steps:
           grads.append(list(output_grads[start:start + len(step.features)]))
           start += len(step.features)
-        with collective_keys.key_space(self._key_space):
+        # After every exchange of the forward, on every replica. A TF1
+        # session runs only what its fetches reach: fetching the train op
+        # alone, an owner whose updates need none of the rows it sends back
+        # would skip that exchange, and a peer waiting in it would hang.
+        with collective_keys.key_space(self._key_space), \
+            tf.control_dependencies(outputs):
           return self._backward(steps, grads, trigger_value, variables or [],
                                 [p[4] for p in prepared])
 

@@ -25,7 +25,7 @@ class HorovodCommunicator(Communicator):
 
   def gather_replica_values(self, values_by_replica):
     value = _stateful_identity(tf.convert_to_tensor(values_by_replica[self._rank])[None])
-    return self._hvd.allgather(value, name=f"tfde_gather_{self._call_sites.next()}")
+    return self._kept(self._hvd.allgather(value, name=f"tfde_gather_{self._call_sites.next()}"))
 
   def _name(self):
     # Horovod matches collectives across ranks by name.
@@ -59,14 +59,33 @@ class HorovodCommunicator(Communicator):
                                   ignore_name_scope=True)
     if isinstance(received, tuple):  # newer Horovod returns the splits too
       received = received[0]
-    return received, None
+    return self._kept(received), None
 
   def all_to_all(self, data, plan):
     counted = self._count_bytes(data, plan.send_counts, self._rank)
-    with tf.control_dependencies([counted]):
+    # Horovod takes no received counts, but the plan's exchange of them
+    # (and its check of the replicas' steps) must run on every rank: a TF1
+    # session runs only what its fetches reach.
+    with tf.control_dependencies([counted, plan.recv_counts]):
       received = self._hvd.alltoall(data, splits=self._splits(plan.send_counts),
                                     name=self._name(), ignore_name_scope=True)
-    return received[0] if isinstance(received, tuple) else received
+    return self._kept(received[0] if isinstance(received, tuple) else received)
+
+  def _kept(self, received):
+    """`received` (a collective's result), kept by every rank that builds it.
+
+    In a TF1 graph a session runs only what its fetches reach, and Grappler
+    turns a stateless op whose results feed only control edges into a no-op;
+    Horovod's collectives are stateless. An exchange a rank needs only to be
+    done (the forward's rows, on an owner whose updates need none of them;
+    see `tfde.lookup`) would be skipped there, and its peers would wait for
+    it. Read through a stateful identity, it runs wherever anything
+    depends on it, by data or control. (A TF2 function runs every stateful
+    op of its own, and its steps read each exchange as data.)
+    """
+    if tf.executing_eagerly() or self._bytes_counter() is not None:
+      return received
+    return _stateful_identity(received)
 
 
 def _stateful_identity(tensor):
