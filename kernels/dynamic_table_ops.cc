@@ -76,10 +76,12 @@ class DynamicTableHandleOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &spec_.seed));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admit_after", &spec_.admit_after));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("zeros_until_admitted", &spec_.zeros_until_admitted));
-    // A row's width in floats must be a size: at most 2^40 (4 TiB a row).
-    OP_REQUIRES(ctx, spec_.dim <= (int64_t{1} << 40) / spec_.num_slots,
+    // A row (embedding and slots) of at most 2^31 - 1 floats, 8 GiB, far
+    // past any embedding; DynamicTableSpec refuses the same for the twin.
+    OP_REQUIRES(ctx, spec_.dim <= std::numeric_limits<int32_t>::max() / spec_.num_slots,
                 InvalidArgument("dim = ", spec_.dim, " with ", spec_.num_slots,
-                                " slots is too wide a row"));
+                                " slots is too wide a row: at most ",
+                                std::numeric_limits<int32_t>::max(), " floats"));
   }
 
   void Compute(OpKernelContext* ctx) override {

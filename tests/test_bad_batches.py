@@ -254,3 +254,77 @@ def test_weights_not_a_dict_and_a_feature_given_as_none_are_named():
     lookup({"a": ids, "b": ids}, [tf.ones([2, 2])])
   with pytest.raises(ValueError, match=r"feature a \(table t1\) is missing from the inputs"):
     lookup({"a": None, "b": ids})
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_uint64_ids_of_2_to_the_63_or_more_are_named_as_given(traced):
+  """They wrap to negative int64 ids, which the range check showed wrapped:
+  now refused as given, naming the feature and table; nothing changes."""
+  lookup = _two_tables()
+  before = h.table_states(lookup)
+  step = _train_step(lookup)
+  step = tf.function(step) if traced else step
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"feature a \(table t1\): id 9223372036854775813 at position 3 is "
+                           r"out of range: the ids of a table are below 2\^63"):
+    step(tf.constant([[1, 2], [3, 2**63 + 5]], tf.uint64), tf.constant([[1], [2]], tf.int64))
+  h.assert_states_unchanged(before, lookup)
+  # In range, uint64 ids are the int64 ones.
+  ids, other = [[1, 9], [3, 0]], tf.constant([[1], [2]], tf.int64)
+  np.testing.assert_array_equal(
+      lookup({"a": tf.constant(ids, tf.uint64), "b": other}, training=False)["a"],
+      lookup({"a": tf.constant(ids, tf.int64), "b": other}, training=False)["a"])
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_sparse_weights_outside_their_dense_shape_are_named(traced):
+  lookup = _two_tables()
+  before = h.table_states(lookup)
+
+  def step(weight_indices, weight_values=tf.constant([0.5, 2.0])):
+    ids = tf.SparseTensor(tf.constant([[0, 0], [1, 0]], tf.int64),
+                          tf.constant([1, 2], tf.int64), [2, 2])
+    weights = tf.SparseTensor(weight_indices, weight_values, [2, 2])
+    with tf.GradientTape() as tape:
+      out = lookup({"a": ids, "b": tf.constant([[1], [2]], tf.int64)},
+                   weights={"a": weights}, training=True)
+      loss = tf.reduce_sum(out["a"])
+    tape.gradient(loss, lookup.trainable_variables)
+
+  step = tf.function(step) if traced else step
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"feature a \(table t1\): sparse weights have an index outside "
+                           r"their dense shape"):
+    step(tf.constant([[0, 0], [5, 0]], tf.int64))
+  h.assert_states_unchanged(before, lookup)
+
+
+@pytest.mark.parametrize("of", ["ids", "weights"])
+def test_sparse_inputs_with_fewer_values_than_indices_are_named(of):
+  """TensorFlow's SparseReorder refused them naming no feature (known only
+  when the step runs: traced with unknown shapes)."""
+  lookup = _two_tables()
+  before = h.table_states(lookup)
+  unknown = [tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None], tf.int64),
+             tf.TensorSpec([None], tf.float32)]
+
+  @tf.function(input_signature=unknown)
+  def step(indices, ids, weights):
+    sparse_ids = tf.SparseTensor(indices, ids, [2, 2])
+    sparse_weights = tf.SparseTensor(indices, weights, [2, 2])
+    with tf.GradientTape() as tape:
+      out = lookup({"a": sparse_ids, "b": tf.constant([[1], [2]], tf.int64)},
+                   weights={"a": sparse_weights}, training=True)
+      loss = tf.reduce_sum(out["a"])
+    tape.gradient(loss, lookup.trainable_variables)
+
+  ids, weights = [1, 2], [0.5, 2.0]
+  if of == "ids":
+    ids = ids[:1]
+  else:
+    weights = weights[:1]
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=fr"feature a \(table t1\): sparse {of} have 2 indices but 1 values"):
+    step(tf.constant([[0, 0], [1, 0]], tf.int64), tf.constant(ids, tf.int64),
+         tf.constant(weights))
+  h.assert_states_unchanged(before, lookup)

@@ -437,6 +437,24 @@ def test_keras_fit_predict_save_load_and_serve(tmp_path):
                              rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dim,slots", [(2**31, ()), (2**30, (0.0,))])
+def test_rows_wider_than_2_to_the_31_floats_are_refused_by_spec_and_kernel(dim, slots):
+  """A row (embedding and slots) of 2^31 floats or more is refused before
+  anything is made, by the spec (both backends) and by the kernel itself.
+  (The kernel took 2^40 floats and the twin's Fill refused it: the fuzz
+  harness's finding of session 22.)"""
+  with pytest.raises(ValueError, match=f"dim = {dim} with {1 + len(slots)} slots is too "
+                     "wide a row: at most 2147483647 floats"):
+    tfde.ops.DynamicTableSpec(dim=dim, slot_initial_values=slots)
+  assert tfde.ops.DynamicTableSpec(dim=dim - 1,
+                                   slot_initial_values=slots).dim == dim - 1
+  with pytest.raises(tf.errors.InvalidArgumentError, match=f"dim = {dim} with "
+                     f"{1 + len(slots)} slots is too wide a row: at most 2147483647 floats"):
+    tfde.ops.native.load().tfde_dynamic_table_handle(
+        shared_name=f"too_wide_{dim}", dim=dim, slot_initial_values=list(slots),
+        initializer="zeros")
+
+
 def test_table_ops_refuse_malformed_inputs():
   """The kernel's ops check shapes themselves (eager calls skip shape
   functions): an error, never a crash."""

@@ -70,7 +70,35 @@ def _check_ids_dtype(ids, where, strings=False):
   if not ids.dtype.is_integer:
     raise TypeError(f"{where}: ids must be int32 or int64"
                     f"{' or string' if strings else ''}, got {ids.dtype.name}")
+  if ids.dtype == tf.uint64 and not strings:
+    # From 2^63 the cast to int64 wraps to negative ids, which the range
+    # check would show wrapped: refuse them here, as given. (A dynamic
+    # table's keys are any 64 bits: there the cast is a bijection.)
+    flat = tf.reshape(ids, [-1])
+    none, i, value = checks.first_offender(flat >= tf.constant(2**63, tf.uint64), flat)
+    guard = checks.assert_that(none, where, ": id ", value, " at position ", i,
+                               " is out of range: the ids of a table are below 2^63")
+    with tf.control_dependencies([guard]):
+      return tf.cast(ids, tf.int64)
   return tf.cast(ids, tf.int64)
+
+
+def _reordered(sparse, what):
+  """`tf.sparse.reorder(sparse)`, once its indices are checked against its
+  values and dense shape (refused naming `what`: SparseReorder's own error
+  names no feature)."""
+  num_indices = tf.shape(sparse.indices, out_type=tf.int64)[0]
+  num_values = tf.size(sparse.values, out_type=tf.int64)
+  guards = [
+      checks.assert_that(tf.equal(num_indices, num_values), what, " have ", num_indices,
+                         " indices but ", num_values, " values"),
+      checks.assert_that(
+          tf.reduce_all(tf.logical_and(sparse.indices >= 0,
+                                       sparse.indices < sparse.dense_shape)),
+          f"{what} have an index outside their dense shape")]
+  with tf.control_dependencies(guards):
+    return tf.sparse.reorder(tf.SparseTensor(tf.identity(sparse.indices), sparse.values,
+                                             sparse.dense_shape))
 
 
 def _kind(value):
@@ -160,27 +188,22 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
     if inputs.shape.rank != 2:
       raise ValueError(f"{where}: sparse ids must be [batch, hotness], got "
                        f"shape {inputs.shape}")
-    inputs = tf.sparse.reorder(inputs)
+    # Nothing checks a SparseTensor's indices against its shape where it is
+    # made; a row past the batch would drop its id from the counts, and
+    # SparseReorder's own refusal names no feature.
+    inputs = _reordered(inputs, f"{where}: sparse ids")
     ids = _check_ids_dtype(inputs.values, where, strings)
     batch = inputs.dense_shape[0]
-    # Nothing checks a SparseTensor's indices against its shape where it is
-    # made; a row past the batch would drop its id from the counts.
-    inside = checks.assert_that(
-        tf.reduce_all(tf.logical_and(inputs.indices >= 0,
-                                     inputs.indices < inputs.dense_shape)),
-        f"{where}: sparse ids have an index outside their dense shape")
-    with tf.control_dependencies([inside]):
-      ids = tf.identity(ids)
-      counts = tf.math.bincount(tf.cast(inputs.indices[:, 0], tf.int32),
-                                minlength=tf.cast(batch, tf.int32),
-                                maxlength=tf.cast(batch, tf.int32), dtype=tf.int64)
+    counts = tf.math.bincount(tf.cast(inputs.indices[:, 0], tf.int32),
+                              minlength=tf.cast(batch, tf.int32),
+                              maxlength=tf.cast(batch, tf.int32), dtype=tf.int64)
     splits = tf.concat([[0], tf.cumsum(counts)], 0)
     w = None
     if weights is not None:
       if weights.shape.rank != 2:
         raise ValueError(f"{where}: sparse weights must be [batch, hotness] as the ids "
                          f"are, got shape {weights.shape}")
-      weights = tf.sparse.reorder(weights)
+      weights = _reordered(weights, f"{where}: sparse weights")
       values = _float_weights(weights.values, where)
       guards = [checks.assert_that(
           _same_rows(weights.indices, inputs.indices),

@@ -258,7 +258,7 @@ def describe(summary, hot=0):
     if pairs is None:
       lines.append(f"  hot ids: not kept ({kind} tables keep no counts)")
     else:
-      lines.append(f"  hot ids (id: sightings): " +
+      lines.append("  hot ids (id: sightings): " +
                    ", ".join(f"{i}: {c:,}" for i, c in pairs))
   return lines
 

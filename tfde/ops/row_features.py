@@ -10,7 +10,6 @@ import tensorflow as tf
 from tfde.ops.checks import check
 from tfde.ops.checks import check_update_inputs
 from tfde.ops.checks import check_variables
-from tfde.ops.checks import dim
 from tfde.ops.checks import index_tensor
 from tfde.ops.reference import ROW_UPDATES
 from tfde.ops.types import BagGradients

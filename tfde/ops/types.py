@@ -116,6 +116,11 @@ class BagGradients:
       return sum_rows_by_index(per_entry, row_of_entry, self.num_rows)
 
 
+# The widest row (embedding and slots) a dynamic table stores, as its kernel
+# (`TfdeDynamicTableHandle`) also refuses: 8 GiB, far past any embedding.
+MAX_ROW_FLOATS = 2**31 - 1
+
+
 @dataclasses.dataclass(frozen=True)
 class DynamicTableSpec:
   """What a dynamic table shard stores and how new rows start.
@@ -155,6 +160,9 @@ class DynamicTableSpec:
     if self.initializer not in ("zeros", "constant", "uniform", "normal",
                                 "truncated_normal"):
       raise ValueError(f"DynamicTableSpec.initializer: unknown {self.initializer!r}")
+    if self.dim * self.num_slots > MAX_ROW_FLOATS:
+      raise ValueError(f"DynamicTableSpec.dim = {self.dim} with {self.num_slots} slots is "
+                       f"too wide a row: at most {MAX_ROW_FLOATS} floats")
 
   @property
   def num_slots(self):
