@@ -1,16 +1,20 @@
-"""One worker of the non-finite gradient checks across processes (launched
-by tests/test_multiprocess_reliability.py), under MultiWorkerMirroredStrategy
-or Horovod.
+"""One worker of the refused steps across processes (launched by
+tests/test_multiprocess_reliability.py), under MultiWorkerMirroredStrategy
+or Horovod: non-finite gradients and out-of-range ids.
 
-Three steps of the harness's tables (Adam), table A with
+Five steps of the harness's tables (Adam), table A with
 nonfinite="skip", B and C with the default "error":
   0  a finite step;
   1  the last worker's targets of A's feature are NaN: A's update is
      skipped and counted on every worker, B and C train;
   2  the last worker's targets of B's features are NaN: every worker
-     raises an error naming table B and step 3, and no table changes.
+     raises an error naming table B and step 3, and no table changes;
+  3  the last worker's ids of c_single include one past table C: that
+     worker raises naming the id, every other naming the worker and the
+     feature, none waits, and no table changes;
+  4  a good step: every worker goes on after the refused steps.
 Writes OUT/nonfinite_{rank}.npz: this worker's shard, slots, step and
-skip count of every table after each step, and the error it got.
+skip count of every table after each step, and the error of each step.
 """
 
 import os
@@ -37,6 +41,7 @@ def main():
   batches = w.load_batches(args.batches)
   last = slice(h.GLOBAL_BATCH * (num_replicas - 1) // num_replicas, None)
   poisoned = {1: ["a_dense"], 2: ["b_sparse", "b_ragged"]}
+  bad_id = {3: "c_single"}
 
   def local_state(phase):
     out = {}
@@ -49,22 +54,24 @@ def main():
     return out
 
   result = local_state("initial")
-  error = ""
   for index, batch in enumerate(batches):
     for feature in poisoned.get(index, []):
       batch[feature]["target"] = batch[feature]["target"].copy()
       batch[feature]["target"][last] = np.nan
+    if index in bad_id:
+      ids = batch[bad_id[index]]["ids"]
+      ids[-1] = [h.TABLES[h.FEATURES[bad_id[index]][0]][0] + 5]  # in the last slice
+    error = ""
     try:
       w.run_step(step, strategy, args.mode,
                  lambda r, batch=batch: h.replica_inputs(batch, r, num_replicas),
                  rank, num_replicas)
     except tf.errors.OpError as e:
+      # Go on, as a loop that skips a bad batch does.
       error = f"{type(e).__name__}: {e.message}"
       print(f"worker {rank} step {index}: {error[:300]}", flush=True)
-      result.update(local_state(f"after_{index}"))
-      break
+    result[f"error_{index}"] = np.array(error)
     result.update(local_state(f"after_{index}"))
-  result["error"] = np.array(error)
   result["group_of_B"] = np.array(sorted(next(
       g.index for g in lookup._groups if "B" in g.index)))  # pylint: disable=protected-access
   w.finish(args.out, "nonfinite", rank, result)

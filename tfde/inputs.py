@@ -314,10 +314,11 @@ def _positions(inputs, row_splits):
           tf.gather(row_splits, segment_ids))
 
 
-def flat_feature(feature, table, ids, weights):
+def flat_feature(feature, table, ids, weights, check_ids=True):
   """Stage 0 of one feature (a `FeatureConfig`) of `table` (which checks
-  the ids, `Table.check_ids`): its ids and weights as given, as flat ids,
-  row splits and weights; a sequence feature unpooled (`unpool`)."""
+  the ids, `Table.check_ids`, unless `check_ids` is false): its ids and
+  weights as given, as flat ids, row splits and weights; a sequence
+  feature unpooled (`unpool`)."""
   name = feature.name
   flat_ids, splits, flat_weights = flatten_feature(name, table.name, ids, weights,
                                                    strings=table.is_dynamic,
@@ -331,14 +332,21 @@ def flat_feature(feature, table, ids, weights):
     # Before the id checks: truncated ids are never looked up.
     length = feature.max_sequence_length
     flat_ids, splits, output_splits = unpool(ids, flat_ids, splits, length)
-  flat_ids = table.check_ids(flat_ids, name)
+  if check_ids:
+    flat_ids = table.check_ids(flat_ids, name)
   return FlatFeature(name, table, flat_ids, splits, flat_weights, length, output_splits)
 
 
-def flat_features(feature_configs, tables, inputs, weights=None):
+def flat_features(feature_configs, tables, inputs, weights=None, gather_flags=None):
   """Stage 0 of a lookup: every feature of `feature_configs` (name ->
   FeatureConfig) in `inputs` (name -> ids) as its table's (`tables`, name ->
   Table) `flat_feature`, validated; `weights` a dict too, or None.
+
+  `gather_flags` (a communicator's, where a replica's failed step leaves
+  its peers waiting: workers) makes every replica learn which replicas'
+  ids their tables refuse before any replica raises: the one with the bad
+  id names it, and every other raises naming that replica and feature,
+  instead of waiting for it in the first exchange.
 
   In a graph each feature's ids wait for every feature's checked ids, row
   splits and weights: a stage that changes a table as it reads (a dynamic
@@ -367,7 +375,10 @@ def flat_features(feature_configs, tables, inputs, weights=None):
       raise ValueError(f"{describe(name, table.name)} is missing from the inputs")
     # The table's kind says what its lookup takes (flat checked ids for
     # tfde's exchange; the inputs as given for an engine).
-    flat.append(table.flat_feature(feature, inputs[name], weights.get(name)))
+    flat.append(table.flat_feature(feature, inputs[name], weights.get(name),
+                                   check_ids=gather_flags is None))
+  if gather_flags is not None:
+    flat = _ids_checked_together(flat, gather_flags)
   if tf.executing_eagerly():
     return flat
   checked = [t for f in flat for t in (f.ids, f.row_splits, f.weights)
@@ -375,6 +386,32 @@ def flat_features(feature_configs, tables, inputs, weights=None):
   with tf.control_dependencies(checked):
     return [f if f.ids is None else dataclasses.replace(f, ids=tf.identity(f.ids))
             for f in flat]
+
+
+def _ids_checked_together(flat, gather_flags):
+  """`flat` with each feature's ids checked by its table, once every
+  replica knows whose ids are refused (`flat_features`)."""
+  checked = [f for f in flat if f.ids is not None]
+  if not checked:
+    return flat
+  refused = gather_flags(tf.stack([tf.cast(f.table.refuses_ids(f.ids), tf.int32)
+                                   for f in checked]))
+  # Only now, so that each replica has sent its flags: this replica's own
+  # refusal (naming its id), then any other replica's.
+  with tf.control_dependencies([refused]):
+    ids = [f.table.check_ids(tf.identity(f.ids), f.name) for f in checked]
+  none, position, _ = checks.first_offender(tf.reshape(refused > 0, [-1]),
+                                            tf.reshape(refused, [-1]))
+  names = tf.constant([describe(f.name, f.table.name) for f in checked])
+  with tf.control_dependencies(ids):
+    # (Where none is refused, the position is past the end: feature 0.)
+    guard = checks.assert_that(
+        none, "replica ", tf.math.floordiv(position, len(checked)), " refused an id of ",
+        tf.gather(names, tf.math.floormod(position, len(checked))),
+        " (its error names it), so the step of this replica is refused too")
+  with tf.control_dependencies([guard]):
+    ids = iter([tf.identity(i) for i in ids])
+  return [f if f.ids is None else dataclasses.replace(f, ids=next(ids)) for f in flat]
 
 
 def unpool(inputs, ids, row_splits, max_sequence_length):

@@ -191,7 +191,9 @@ class ShardedLookup(tf.Module):
 
   def flatten(self, inputs, weights=None):
     """Stage 0: every configured feature as a FlatFeature (validated)."""
-    return inputs_lib.flat_features(self.feature_configs, self.tables, inputs, weights)
+    comm = comm_lib.current()
+    return inputs_lib.flat_features(self.feature_configs, self.tables, inputs, weights,
+                                    comm.gather_flags if comm.fails_alone else None)
 
   # Trace-time Python only: autograph must not rewrite the pipeline.
   @tf.autograph.experimental.do_not_convert

@@ -84,6 +84,11 @@ class Communicator(abc.ABC):
     with tf.control_dependencies([check]):
       return ExchangePlan(send_counts, tf.identity(recv_counts), max_chunk)
 
+  # Whether a replica whose step fails leaves its peers waiting in the
+  # step's exchanges: true where each runs in its own process (workers);
+  # false where one process runs every replica's step, which fails as one.
+  fails_alone = False
+
   def gather_flags(self, flags):
     """[N, k] int32: every replica's `flags` ([k] int32), in replica order.
     A control exchange, like the counts of a plan: not counted in

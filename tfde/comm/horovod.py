@@ -11,6 +11,8 @@ class HorovodCommunicator(Communicator):
   """Horovod (`horovodrun`): one process per replica, `hvd.alltoall`
   with splits, which takes variable-size chunks directly."""
 
+  fails_alone = True
+
   def __init__(self, hvd):
     super().__init__(hvd.size())
     self._hvd = hvd

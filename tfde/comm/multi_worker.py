@@ -43,6 +43,8 @@ class MultiWorkerCommunicator(Communicator):
   # turn.
   _KEY_SLOTS = 2**23
 
+  fails_alone = True
+
   def __init__(self, strategy):
     super().__init__(strategy.num_replicas_in_sync)
     self._strategy = strategy

@@ -274,17 +274,23 @@ class Table(tf.Module):
 
   # ---- the pipeline's side
 
-  def flat_feature(self, feature, ids, weights):
+  def flat_feature(self, feature, ids, weights, check_ids=True):
     """Stage 0: `feature`'s (a `FeatureConfig` of this table) ids and
     weights as given, as this table's lookup takes them: an
-    `inputs.FlatFeature` of checked flat ids."""
-    return inputs.flat_feature(feature, self, ids, weights)
+    `inputs.FlatFeature` of flat ids, checked (`check_ids`) unless told."""
+    return inputs.flat_feature(feature, self, ids, weights, check_ids)
 
   def check_ids(self, ids, feature_name):
     """`ids` (int64) of a feature, checked as this table takes them: an
     error naming the feature and table for one it cannot hold."""
     return ops.check_id_range(ids, self.vocabulary_size,
                               inputs.describe(feature_name, self.name))
+
+  def refuses_ids(self, ids):
+    """A bool scalar: whether `check_ids` refuses `ids`, without raising
+    (so that every worker learns of it before any raises)."""
+    ids = tf.convert_to_tensor(ids, tf.int64)
+    return tf.reduce_any((ids < 0) | (ids >= self.vocabulary_size))
 
   def lookup_local(self, replica, requested, counts, training):
     """[k, dim] rows of `requested` (local rows, or ids when `routes_ids`),

@@ -135,6 +135,10 @@ class DynamicTable(base.Table):
     del feature_name
     return ids  # any int64 id is a key
 
+  def refuses_ids(self, ids):
+    del ids
+    return tf.constant(False)
+
   def lookup_local(self, replica, requested, counts, training):
     """In training each id counts `counts[i]` sightings at the coming step,
     which may admit it (create its row); otherwise nothing changes."""

@@ -293,11 +293,12 @@ class TPUTable:
   def is_dynamic(self):
     return False
 
-  def flat_feature(self, feature, ids, weights):
+  def flat_feature(self, feature, ids, weights, check_ids=True):
     """Stage 0: the engine takes the inputs as given (`source`), so nothing
     is added to the TPU program here: tfde's flattening and id checks use
     dynamic shapes and string ops that a TPU program must send to the host,
     and XLA compiles their assertions away."""
+    del check_ids
     return inputs.FlatFeature(
         feature.name, self, None, None, None,
         sequence_length=(feature.max_sequence_length if feature.output == "sequence"
