@@ -280,8 +280,13 @@ class ShardedLookup(tf.Module):
         # session runs only what its fetches reach: fetching the train op
         # alone, an owner whose updates need none of the rows it sends back
         # would skip that exchange, and a peer waiting in it would hang.
+        # (A TF2 function runs all its stateful ops, eager ops run as they
+        # come: there the backward stays free to start before the forward
+        # ends.)
+        tf1_graph = not (tf.executing_eagerly() or tf.inside_function())
         with collective_keys.key_space(self._key_space), \
-            tf.control_dependencies(outputs):
+            tf.control_dependencies(outputs if tf1_graph and self.comm.num_replicas > 1
+                                    else []):
           return self._backward(steps, grads, trigger_value, variables or [],
                                 [p[4] for p in prepared])
 
