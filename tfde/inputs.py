@@ -392,10 +392,12 @@ def _ids_checked_together(flat, gather_flags):
   """`flat` with each feature's ids checked by its table, once every
   replica knows whose ids are refused (`flat_features`)."""
   checked = [f for f in flat if f.ids is not None]
-  if not checked:
-    return flat
-  refused = gather_flags(tf.stack([tf.cast(f.table.refuses_ids(f.ids), tf.int32)
-                                   for f in checked]))
+  flags = [f.table.refuses_ids(f.ids) for f in checked]
+  if all(flag is None for flag in flags):  # dynamic tables take any id
+    return [f if f.ids is None else dataclasses.replace(f, ids=f.table.check_ids(f.ids, f.name))
+            for f in flat]
+  refused = gather_flags(tf.stack([tf.constant(0) if flag is None else tf.cast(flag, tf.int32)
+                                   for flag in flags]))
   # Only now, so that each replica has sent its flags: this replica's own
   # refusal (naming its id), then any other replica's.
   with tf.control_dependencies([refused]):
@@ -435,7 +437,10 @@ def unpool(inputs, ids, row_splits, max_sequence_length):
   if max_sequence_length is None:
     return ids, tf.range(tf.size(ids, out_type=tf.int64) + 1), row_splits
   length = tf.constant(max_sequence_length, tf.int64)
-  positions = _positions(inputs, row_splits)
+  # After the input's checks (the flat ids come after them): a sparse
+  # input is sorted again here, and SparseReorder's error names nothing.
+  with tf.control_dependencies([ids, row_splits]):
+    positions = _positions(inputs, row_splits)
   keep = positions < length
   segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
   slots = tf.boolean_mask(segment_ids * length + positions, keep)

@@ -67,8 +67,9 @@ class HorovodCommunicator(Communicator):
     counted = self._count_bytes(data, plan.send_counts, self._rank)
     # Horovod takes no received counts, but the plan's exchange of them
     # (and its check of the replicas' steps) must run on every rank: a TF1
-    # session runs only what its fetches reach.
-    with tf.control_dependencies([counted, plan.recv_counts]):
+    # session runs only what its fetches reach. (A TF2 function runs it.)
+    tf1_graph = not tf.executing_eagerly() and self._bytes_counter() is None
+    with tf.control_dependencies([counted] + ([plan.recv_counts] if tf1_graph else [])):
       received = self._hvd.alltoall(data, splits=self._splits(plan.send_counts),
                                     name=self._name(), ignore_name_scope=True)
     return self._kept(received[0] if isinstance(received, tuple) else received)
@@ -81,13 +82,16 @@ class HorovodCommunicator(Communicator):
     Horovod's collectives are stateless. An exchange a rank needs only to be
     done (the forward's rows, on an owner whose updates need none of them;
     see `tfde.lookup`) would be skipped there, and its peers would wait for
-    it. Read through a stateful identity, it runs wherever anything
-    depends on it, by data or control. (A TF2 function runs every stateful
-    op of its own, and its steps read each exchange as data.)
+    it. With one element of it read by a stateful identity, it runs
+    wherever anything depends on it, by data or control. (One element: the
+    identity has only a CPU kernel, and the rows stay where they are. A
+    TF2 function runs every stateful op of its own, and its steps read
+    each exchange as data.)
     """
     if tf.executing_eagerly() or self._bytes_counter() is not None:
       return received
-    return _stateful_identity(received)
+    with tf.control_dependencies([_stateful_identity(tf.reshape(received, [-1])[:1])]):
+      return tf.identity(received)
 
 
 def _stateful_identity(tensor):

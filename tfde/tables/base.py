@@ -288,7 +288,8 @@ class Table(tf.Module):
 
   def refuses_ids(self, ids):
     """A bool scalar: whether `check_ids` refuses `ids`, without raising
-    (so that every worker learns of it before any raises)."""
+    (so that every worker learns of it before any raises); None for a
+    table that refuses no id."""
     ids = tf.convert_to_tensor(ids, tf.int64)
     return tf.reduce_any((ids < 0) | (ids >= self.vocabulary_size))
 

@@ -137,7 +137,7 @@ class DynamicTable(base.Table):
 
   def refuses_ids(self, ids):
     del ids
-    return tf.constant(False)
+    return None
 
   def lookup_local(self, replica, requested, counts, training):
     """In training each id counts `counts[i]` sightings at the coming step,
