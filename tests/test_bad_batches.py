@@ -276,26 +276,30 @@ def test_uint64_ids_of_2_to_the_63_or_more_are_named_as_given(traced):
       lookup({"a": tf.constant(ids, tf.int64), "b": other}, training=False)["a"])
 
 
+def _sparse_weighted_step(lookup):
+  """A training step of feature a as sparse ids and weights (their own
+  indices each), b as dense ids."""
+  def step(ids_indices, ids, weights_indices, weights):
+    with tf.GradientTape() as tape:
+      out = lookup({"a": tf.SparseTensor(ids_indices, ids, [2, 2]),
+                    "b": tf.constant([[1], [2]], tf.int64)},
+                   weights={"a": tf.SparseTensor(weights_indices, weights, [2, 2])},
+                   training=True)
+    tape.gradient(tf.reduce_sum(out["a"]), lookup.trainable_variables)
+  return step
+
+
 @pytest.mark.parametrize("traced", [False, True])
 def test_sparse_weights_outside_their_dense_shape_are_named(traced):
   lookup = _two_tables()
   before = h.table_states(lookup)
-
-  def step(weight_indices, weight_values=tf.constant([0.5, 2.0])):
-    ids = tf.SparseTensor(tf.constant([[0, 0], [1, 0]], tf.int64),
-                          tf.constant([1, 2], tf.int64), [2, 2])
-    weights = tf.SparseTensor(weight_indices, weight_values, [2, 2])
-    with tf.GradientTape() as tape:
-      out = lookup({"a": ids, "b": tf.constant([[1], [2]], tf.int64)},
-                   weights={"a": weights}, training=True)
-      loss = tf.reduce_sum(out["a"])
-    tape.gradient(loss, lookup.trainable_variables)
-
+  step = _sparse_weighted_step(lookup)
   step = tf.function(step) if traced else step
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=r"feature a \(table t1\): sparse weights have an index outside "
                            r"their dense shape"):
-    step(tf.constant([[0, 0], [5, 0]], tf.int64))
+    step(tf.constant([[0, 0], [1, 0]], tf.int64), tf.constant([1, 2], tf.int64),
+         tf.constant([[0, 0], [5, 0]], tf.int64), tf.constant([0.5, 2.0]))
   h.assert_states_unchanged(before, lookup)
 
 
@@ -305,26 +309,16 @@ def test_sparse_inputs_with_fewer_values_than_indices_are_named(of):
   when the step runs: traced with unknown shapes)."""
   lookup = _two_tables()
   before = h.table_states(lookup)
-  unknown = [tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None], tf.int64),
-             tf.TensorSpec([None], tf.float32)]
-
-  @tf.function(input_signature=unknown)
-  def step(indices, ids, weights):
-    sparse_ids = tf.SparseTensor(indices, ids, [2, 2])
-    sparse_weights = tf.SparseTensor(indices, weights, [2, 2])
-    with tf.GradientTape() as tape:
-      out = lookup({"a": sparse_ids, "b": tf.constant([[1], [2]], tf.int64)},
-                   weights={"a": sparse_weights}, training=True)
-      loss = tf.reduce_sum(out["a"])
-    tape.gradient(loss, lookup.trainable_variables)
-
+  indices, values = tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None])
+  step = tf.function(_sparse_weighted_step(lookup), input_signature=[
+      indices, tf.TensorSpec([None], tf.int64), indices, values])
   ids, weights = [1, 2], [0.5, 2.0]
   if of == "ids":
     ids = ids[:1]
   else:
     weights = weights[:1]
+  both = tf.constant([[0, 0], [1, 0]], tf.int64)
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=fr"feature a \(table t1\): sparse {of} have 2 indices but 1 values"):
-    step(tf.constant([[0, 0], [1, 0]], tf.int64), tf.constant(ids, tf.int64),
-         tf.constant(weights))
+    step(both, tf.constant(ids, tf.int64), both, tf.constant(weights))
   h.assert_states_unchanged(before, lookup)
