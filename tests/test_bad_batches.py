@@ -33,6 +33,15 @@ def _train_step(lookup):
   return step
 
 
+def _refused_unchanged(lookup, pattern, step, *args):
+  """`step(*args)` raises InvalidArgumentError matching `pattern`, and no
+  table, slot or step of `lookup` changed."""
+  before = h.table_states(lookup)
+  with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
+    step(*args)
+  h.assert_states_unchanged(before, lookup)
+
+
 def _unchecked_ragged(values, splits):
   return tf.RaggedTensor.from_row_splits(tf.constant(values, tf.int64),
                                          tf.constant(splits, tf.int64), validate=False)
@@ -52,12 +61,9 @@ SPLITS_ERROR = (r"feature a \(table t1\): ragged ids have row splits that do not
 @pytest.mark.parametrize("case", sorted(BAD_SPLITS))
 def test_malformed_row_splits_are_refused_at_one_replica(case, traced):
   lookup = _two_tables()
-  before = h.table_states(lookup)
   step = _train_step(lookup)
-  step = tf.function(step) if traced else step
-  with pytest.raises(tf.errors.InvalidArgumentError, match=SPLITS_ERROR):
-    step(_unchecked_ragged(*BAD_SPLITS[case]), tf.constant([[1, 2], [3, 4]], tf.int64))
-  h.assert_states_unchanged(before, lookup)
+  _refused_unchanged(lookup, SPLITS_ERROR, tf.function(step) if traced else step,
+                     _unchecked_ragged(*BAD_SPLITS[case]), tf.constant([[1, 2], [3, 4]], tf.int64))
 
 
 @pytest.mark.parametrize("exchange", ["auto", "rows"])
@@ -88,15 +94,11 @@ def test_malformed_row_splits_on_one_of_two_replicas_are_refused(exchange):
                          ids=["row past the batch", "negative row", "column past the shape"])
 def test_sparse_ids_outside_their_dense_shape_are_refused(indices, traced):
   lookup = _two_tables()
-  before = h.table_states(lookup)
   step = _train_step(lookup)
-  step = tf.function(step) if traced else step
   sparse = tf.SparseTensor(tf.constant(indices, tf.int64), tf.constant([1, 2], tf.int64), [2, 2])
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=r"feature a \(table t1\): sparse ids have an index outside their "
-                           r"dense shape"):
-    step(sparse, tf.constant([[1, 2], [3, 4]], tf.int64))
-  h.assert_states_unchanged(before, lookup)
+  _refused_unchanged(lookup, r"feature a \(table t1\): sparse ids have an index outside their "
+                     r"dense shape", tf.function(step) if traced else step,
+                     sparse, tf.constant([[1, 2], [3, 4]], tf.int64))
 
 
 def _dynamic_and_static():
@@ -261,14 +263,12 @@ def test_uint64_ids_of_2_to_the_63_or_more_are_named_as_given(traced):
   """They wrap to negative int64 ids, which the range check showed wrapped:
   now refused as given, naming the feature and table; nothing changes."""
   lookup = _two_tables()
-  before = h.table_states(lookup)
   step = _train_step(lookup)
-  step = tf.function(step) if traced else step
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=r"feature a \(table t1\): id 9223372036854775813 at position 3 is "
-                           r"out of range: the ids of a table are below 2\^63"):
-    step(tf.constant([[1, 2], [3, 2**63 + 5]], tf.uint64), tf.constant([[1], [2]], tf.int64))
-  h.assert_states_unchanged(before, lookup)
+  _refused_unchanged(lookup, r"feature a \(table t1\): id 9223372036854775813 at position 3 "
+                     r"is out of range: the ids of a table are below 2\^63",
+                     tf.function(step) if traced else step,
+                     tf.constant([[1, 2], [3, 2**63 + 5]], tf.uint64),
+                     tf.constant([[1], [2]], tf.int64))
   # In range, uint64 ids are the int64 ones.
   ids, other = [[1, 9], [3, 0]], tf.constant([[1], [2]], tf.int64)
   np.testing.assert_array_equal(
@@ -292,15 +292,11 @@ def _sparse_weighted_step(lookup):
 @pytest.mark.parametrize("traced", [False, True])
 def test_sparse_weights_outside_their_dense_shape_are_named(traced):
   lookup = _two_tables()
-  before = h.table_states(lookup)
   step = _sparse_weighted_step(lookup)
-  step = tf.function(step) if traced else step
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=r"feature a \(table t1\): sparse weights have an index outside "
-                           r"their dense shape"):
-    step(tf.constant([[0, 0], [1, 0]], tf.int64), tf.constant([1, 2], tf.int64),
-         tf.constant([[0, 0], [5, 0]], tf.int64), tf.constant([0.5, 2.0]))
-  h.assert_states_unchanged(before, lookup)
+  _refused_unchanged(lookup, r"feature a \(table t1\): sparse weights have an index outside "
+                     r"their dense shape", tf.function(step) if traced else step,
+                     tf.constant([[0, 0], [1, 0]], tf.int64), tf.constant([1, 2], tf.int64),
+                     tf.constant([[0, 0], [5, 0]], tf.int64), tf.constant([0.5, 2.0]))
 
 
 @pytest.mark.parametrize("of", ["ids", "weights"])
@@ -308,7 +304,6 @@ def test_sparse_inputs_with_fewer_values_than_indices_are_named(of):
   """TensorFlow's SparseReorder refused them naming no feature (known only
   when the step runs: traced with unknown shapes)."""
   lookup = _two_tables()
-  before = h.table_states(lookup)
   indices, values = tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None])
   step = tf.function(_sparse_weighted_step(lookup), input_signature=[
       indices, tf.TensorSpec([None], tf.int64), indices, values])
@@ -318,7 +313,5 @@ def test_sparse_inputs_with_fewer_values_than_indices_are_named(of):
   else:
     weights = weights[:1]
   both = tf.constant([[0, 0], [1, 0]], tf.int64)
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=fr"feature a \(table t1\): sparse {of} have 2 indices but 1 values"):
-    step(both, tf.constant(ids, tf.int64), both, tf.constant(weights))
-  h.assert_states_unchanged(before, lookup)
+  _refused_unchanged(lookup, fr"feature a \(table t1\): sparse {of} have 2 indices but 1 values",
+                     step, both, tf.constant(ids, tf.int64), both, tf.constant(weights))

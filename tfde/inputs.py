@@ -79,7 +79,7 @@ def _check_ids_dtype(ids, where, strings=False):
     guard = checks.assert_that(none, where, ": id ", value, " at position ", i,
                                " is out of range: the ids of a table are below 2^63")
     with tf.control_dependencies([guard]):
-      return tf.cast(ids, tf.int64)
+      ids = tf.identity(ids)
   return tf.cast(ids, tf.int64)
 
 
@@ -394,25 +394,26 @@ def _ids_checked_together(flat, gather_flags):
   checked = [f for f in flat if f.ids is not None]
   flags = [f.table.refuses_ids(f.ids) for f in checked]
   if all(flag is None for flag in flags):  # dynamic tables take any id
-    return [f if f.ids is None else dataclasses.replace(f, ids=f.table.check_ids(f.ids, f.name))
-            for f in flat]
-  refused = gather_flags(tf.stack([tf.constant(0) if flag is None else tf.cast(flag, tf.int32)
-                                   for flag in flags]))
-  # Only now, so that each replica has sent its flags: this replica's own
-  # refusal (naming its id), then any other replica's.
-  with tf.control_dependencies([refused]):
-    ids = [f.table.check_ids(tf.identity(f.ids), f.name) for f in checked]
-  none, position, _ = checks.first_offender(tf.reshape(refused > 0, [-1]),
-                                            tf.reshape(refused, [-1]))
-  names = tf.constant([describe(f.name, f.table.name) for f in checked])
-  with tf.control_dependencies(ids):
-    # (Where none is refused, the position is past the end: feature 0.)
-    guard = checks.assert_that(
-        none, "replica ", tf.math.floordiv(position, len(checked)), " refused an id of ",
-        tf.gather(names, tf.math.floormod(position, len(checked))),
-        " (its error names it), so the step of this replica is refused too")
-  with tf.control_dependencies([guard]):
-    ids = iter([tf.identity(i) for i in ids])
+    ids = [f.table.check_ids(f.ids, f.name) for f in checked]
+  else:
+    refused = gather_flags(tf.stack([
+        tf.constant(0) if flag is None else tf.cast(flag, tf.int32) for flag in flags]))
+    # Only now, so that each replica has sent its flags: this replica's own
+    # refusal (naming its id), then any other replica's.
+    with tf.control_dependencies([refused]):
+      ids = [f.table.check_ids(tf.identity(f.ids), f.name) for f in checked]
+    none, position, _ = checks.first_offender(tf.reshape(refused > 0, [-1]),
+                                              tf.reshape(refused, [-1]))
+    names = tf.constant([describe(f.name, f.table.name) for f in checked])
+    with tf.control_dependencies(ids):
+      # (Where none is refused, the position is past the end: feature 0.)
+      guard = checks.assert_that(
+          none, "replica ", tf.math.floordiv(position, len(checked)), " refused an id of ",
+          tf.gather(names, tf.math.floormod(position, len(checked))),
+          " (its error names it), so the step of this replica is refused too")
+    with tf.control_dependencies([guard]):
+      ids = [tf.identity(i) for i in ids]
+  ids = iter(ids)
   return [f if f.ids is None else dataclasses.replace(f, ids=next(ids)) for f in flat]
 
 

@@ -283,10 +283,9 @@ class ShardedLookup(tf.Module):
         # (A TF2 function runs all its stateful ops, eager ops run as they
         # come: there the backward stays free to start before the forward
         # ends.)
-        tf1_graph = not (tf.executing_eagerly() or tf.inside_function())
         with collective_keys.key_space(self._key_space), \
-            tf.control_dependencies(outputs if tf1_graph and self.comm.num_replicas > 1
-                                    else []):
+            tf.control_dependencies(outputs if comm_lib.in_tf1_graph() and
+                                    self.comm.num_replicas > 1 else []):
           return self._backward(steps, grads, trigger_value, variables or [],
                                 [p[4] for p in prepared])
 

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tfde.comm.base import Communicator  # noqa: F401 (the interface)
 from tfde.comm.base import ExchangePlan  # noqa: F401
+from tfde.comm.base import in_tf1_graph  # noqa: F401
 from tfde.comm.base import local_variable  # noqa: F401
 from tfde.comm.horovod import HorovodCommunicator
 from tfde.comm.in_process import LocalCommunicator

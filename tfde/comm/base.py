@@ -38,6 +38,13 @@ def local_variable(initial_value, name, trainable=False, device=None):
         initial_value, name=name, trainable=trainable)
 
 
+def in_tf1_graph():
+  """Whether ops built now go into a TF1 graph (`tf.compat.v1.Session`,
+  an estimator's): no automatic control dependencies, and a session runs
+  only what its fetches reach. False eagerly and in a TF2 function."""
+  return not tf.compat.v1.executing_eagerly_outside_functions()
+
+
 def _row_bytes(data):
   row_elements = tf.reduce_prod(tf.shape(data, out_type=tf.int64)[1:])
   return row_elements * data.dtype.size
@@ -188,7 +195,7 @@ class Communicator(abc.ABC):
     graph (an estimator's) gets none: the communicator outlives the graph,
     and a variable in it would join that graph's checkpoints, so that they
     would differ by what the process did before."""
-    if not tf.compat.v1.executing_eagerly_outside_functions():
+    if in_tf1_graph():
       return None
     if self._bytes_sent is None:
       self._bytes_sent = local_variable(tf.constant(0, tf.int64), "tfde_bytes_sent")

@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from tfde import collective_keys
 from tfde.comm.base import Communicator
+from tfde.comm.base import in_tf1_graph
 from tfde.ops import types
 
 
@@ -68,8 +69,7 @@ class HorovodCommunicator(Communicator):
     # Horovod takes no received counts, but the plan's exchange of them
     # (and its check of the replicas' steps) must run on every rank: a TF1
     # session runs only what its fetches reach. (A TF2 function runs it.)
-    tf1_graph = not tf.executing_eagerly() and self._bytes_counter() is None
-    with tf.control_dependencies([counted] + ([plan.recv_counts] if tf1_graph else [])):
+    with tf.control_dependencies([counted] + ([plan.recv_counts] if in_tf1_graph() else [])):
       received = self._hvd.alltoall(data, splits=self._splits(plan.send_counts),
                                     name=self._name(), ignore_name_scope=True)
     return self._kept(received[0] if isinstance(received, tuple) else received)
@@ -88,7 +88,7 @@ class HorovodCommunicator(Communicator):
     TF2 function runs every stateful op of its own, and its steps read
     each exchange as data.)
     """
-    if tf.executing_eagerly() or self._bytes_counter() is not None:
+    if not in_tf1_graph():
       return received
     with tf.control_dependencies([_stateful_identity(tf.reshape(received, [-1])[:1])]):
       return tf.identity(received)

@@ -39,6 +39,8 @@ import contextlib
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
+from tfde.comm.base import in_tf1_graph
+
 PREFIX = "tfde_tables/"
 COLLECTION = "tfde_table_variables"
 RANK_LOCAL = "tfde_rank_local_variables"
@@ -85,10 +87,6 @@ class WholeTableSaveable(saveable_object.SaveableObject):
 def _initialize_if_needed(variable):
   return tf.cond(variable.is_initialized(), tf.no_op,
                  lambda: tf.group(variable.assign(variable.initial_value)))
-
-
-def in_tf1_graph():
-  return not tf.compat.v1.executing_eagerly_outside_functions()
 
 
 def register(table):
