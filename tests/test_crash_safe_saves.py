@@ -17,9 +17,10 @@ import tfde
 from tests import save_worker
 from tests.test_multiprocess import REPO, _worker_group
 
-# Kills per mode: 20 in `make test`, more in `make reliability`
-# (TFDE_CRASH_TRIALS=40), each a worker process started afresh.
-TRIALS = int(os.environ.get("TFDE_CRASH_TRIALS", "20"))
+# Kills per mode: 10 in `make test`, more in `make reliability`
+# (TFDE_CRASH_TRIALS=40), each a worker process started afresh (about 9 s
+# for two MultiWorkerMirroredStrategy workers).
+TRIALS = int(os.environ.get("TFDE_CRASH_TRIALS", "10"))
 TIMEOUT_S = 120
 
 
@@ -37,22 +38,33 @@ def _start(mode, directory):
           for c, e in zip(commands, envs)]
 
 
-def _kill_during_saves(mode, directory, delay):
+def _kill_during_saves(mode, directory, periods, period=None):
   """Starts the writer, waits for its first save, lets it go on for
-  `delay` seconds (further saves in flight), then SIGKILLs every process."""
+  `periods` save periods (further saves in flight), then SIGKILLs every
+  process. Without `period`, first measures it as the time from the first
+  save to the second. Returns the period used.
+
+  The delay is counted in periods, not seconds, because one save takes
+  0.1 s alone and 1.5 s for two MultiWorkerMirroredStrategy workers on a
+  slow host: fixed delays all fell before the second save there.
+  """
   procs = _start(mode, directory)
   try:
+    saved_at = []
     deadline = time.monotonic() + TIMEOUT_S
-    line = ""
-    while not line.startswith("saved"):
-      assert time.monotonic() < deadline and procs[0].poll() is None, "no first save"
-      line = procs[0].stdout.readline()
-    time.sleep(delay)
+    while len(saved_at) < (1 if period else 2):
+      assert time.monotonic() < deadline and procs[0].poll() is None, "no save"
+      if procs[0].stdout.readline().startswith("saved"):
+        saved_at.append(time.monotonic())
+    if period is None:
+      period = saved_at[1] - saved_at[0]
+    time.sleep(max(0.0, saved_at[0] + periods * period - time.monotonic()))
   finally:
     for p in procs:
       if p.poll() is None:
         os.killpg(p.pid, signal.SIGKILL)
       p.wait()
+  return period
 
 
 def _restored_value(directory):
@@ -76,10 +88,13 @@ def _restored_value(directory):
 @pytest.mark.parametrize("mode", ["local", "mwms"])
 def test_a_killed_writer_leaves_a_complete_latest_checkpoint(tmp_path, mode):
   rng = np.random.default_rng(7)
-  seen = []
+  seen, period = [], None
   for trial in range(TRIALS):
     directory = str(tmp_path / f"trial_{trial}")
-    _kill_during_saves(mode, directory, delay=float(rng.uniform(0.0, 1.5)))
+    # Up to 2.5 periods after the first save: before, during and after the
+    # second and third saves. The first trial measures the period.
+    periods = float(rng.uniform(1.0 if period is None else 0.0, 2.5))
+    period = _kill_during_saves(mode, directory, periods, period)
     seen.append(_restored_value(directory))
   # The kills fell at different points of the save loop.
-  assert len(set(seen)) > 1, seen
+  assert len(set(seen)) > 1, (seen, period)
