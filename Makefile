@@ -23,6 +23,12 @@ TF_VERSION_217 := 2.17.1
 KERAS3_LANE_TESTS := tests/test_layers.py tests/test_keras_support.py tests/test_graph_savers.py \
     tests/test_mxrec.py tests/test_feature_column.py tests/test_deeprec.py
 PYTEST_ARGS ?=
+# The main suite runs in this many pytest worker processes, each taking
+# whole test files (`--dist loadfile`: a file's module fixtures are built
+# once). 2 halves the suite's time on a 2-core machine, where much of it is
+# single-threaded tracing; TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+XDIST_ARGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # One .PHONY line per group of targets, so that new targets add lines.
 .PHONY: all env ops hvd-env test test-fast cuda-test gpu-test gpu-bench fuzz reliability bench demo bazel clean
@@ -51,6 +57,12 @@ $(VENV)/.ready:
 	touch $@
 
 env: $(VENV)/.ready
+
+# pytest-xdist for the suite's worker processes (a stamp of its own, so that
+# environments made before it get it too).
+$(VENV)/.xdist: $(VENV)/.ready
+	$(VENV)/bin/pip install -q pytest-xdist
+	touch $@
 
 # The op library, built in place (editable install) against the main TF.
 tfde/ops/_tfde_ops.so: $(VENV)/.ready $(wildcard kernels/*.cc kernels/*.h) setup.py
@@ -167,16 +179,17 @@ docs: $(DOCS_VENV)/.ready
 # The whole suite: both op backends, MirroredStrategy over logical CPUs,
 # 2-process MultiWorkerMirroredStrategy, and horovodrun in the TF 2.18 env;
 # then the TF 2.15 lane (tf.estimator, the graph-mode path).
-test: ops hvd-env docs wheel-test tf215-env $(KERAS3_LANES:%=tf%-env) peers-env
+test: ops $(VENV)/.xdist hvd-env docs wheel-test tf215-env $(KERAS3_LANES:%=tf%-env) peers-env
 	TFDE_REQUIRE_HOROVOD=1 TFDE_PEER_TESTS=1 TFDE_REQUIRE_PEERS=1 \
 	TFDE_PEERS_PYTHON=$(PEERS_VENV)/bin/python $(PY) -m pytest tests tfde tfde_cli.py --doctest-modules -q -p no:cacheprovider \
-	    --timeout=900 --durations=10 $(PYTEST_ARGS)
+	    $(XDIST_ARGS) --timeout=900 --durations=10 $(PYTEST_ARGS)
 	$(MAKE) test-tf215
 	$(MAKE) $(KERAS3_LANES:%=test-tf%)
 
 # Without the Horovod environment (a few minutes quicker to set up).
-test-fast: ops
-	$(PY) -m pytest tests tfde tfde_cli.py --doctest-modules -q -p no:cacheprovider --timeout=900 $(PYTEST_ARGS)
+test-fast: ops $(VENV)/.xdist
+	$(PY) -m pytest tests tfde tfde_cli.py --doctest-modules -q -p no:cacheprovider \
+	    $(XDIST_ARGS) --timeout=900 $(PYTEST_ARGS)
 
 # The CUDA launchers against the numpy oracles, on a machine with nvcc and a
 # GPU; needs neither TensorFlow nor this Makefile's environment (numpy and
