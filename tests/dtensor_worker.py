@@ -167,8 +167,22 @@ def layout_case():
     report["bad_id_error"] = None
   except tf.errors.InvalidArgumentError as e:
     report["bad_id_error"] = e.message
+  # uint64 ids from 2^63 are refused as given, not wrapped to negative ids
+  # (2^64 - 1 to the padding -1); in-range ones look up the int64 rows.
+  ids["b_sparse"] = pack(mesh, [[2**64 - 1, 1]] * h.GLOBAL_BATCH, tf.uint64)
+  try:
+    outputs = tf.function(layer)(ids)
+    dtensor.relayout(outputs["b_sparse"], dtensor.Layout.replicated(mesh, 2)).numpy()
+    report["uint64_error"] = None
+  except tf.errors.InvalidArgumentError as e:
+    report["uint64_error"] = e.message
   report["unchanged"] = all(np.array_equal(before[n], t.full_table())
                             for n, t in layer.tables.items())
+  as_int64 = dict(ids, b_sparse=pack(mesh, [[49, 1]] * h.GLOBAL_BATCH, tf.int64))
+  as_uint64 = dict(ids, b_sparse=pack(mesh, [[49, 1]] * h.GLOBAL_BATCH, tf.uint64))
+  report["uint64_rows_equal"] = bool(np.array_equal(
+      *[dtensor.relayout(layer(x)["b_sparse"], dtensor.Layout.replicated(mesh, 2)).numpy()
+        for x in (as_int64, as_uint64)]))
   return report
 
 

@@ -402,16 +402,26 @@ class DistributedEmbedding(tf_keras.layers.Layer):
       ids, w = inputs[name], weights.get(name)
       where = self._check(name, ids, w)
       table = self._tables[self.feature_configs[name].table.name]
+      # DTensor's collectives take no uint64 ids, so they become int64
+      # here; one of 2^63 or more, which the cast wraps to a negative id
+      # (2^64 - 1 to the padding -1: a silent zero row), is marked first.
+      checks = []
+      if ids.dtype == tf.uint64:
+        wrapped = tf.reshape(tf.cast(ids >= tf.constant(2**63, tf.uint64), tf.int32), [-1])
+        checks.append(tf.debugging.Assert(
+            tf.equal(tf.reduce_max(dt.relayout(wrapped, replicated[1])), 0),
+            [f"{where}: ids must lie in [0, {table.vocabulary_size}); got a uint64 "
+             "id of 2^63 or more"]))
       ids = tf.cast(ids, tf.int64)
       if ids.shape.rank == 1:
         ids = ids[:, None]
         w = None if w is None else w[:, None]
       ids = dt.relayout(ids, replicated[2])
-      check = tf.debugging.Assert(
+      checks.append(tf.debugging.Assert(
           tf.reduce_all(tf.logical_and(ids >= -1, ids < table.vocabulary_size)),
           [f"{where}: ids must lie in [0, {table.vocabulary_size}) (-1 pads); got "
-           "min and max", tf.reduce_min(ids), tf.reduce_max(ids)])
-      with tf.control_dependencies([check]):
+           "min and max", tf.reduce_min(ids), tf.reduce_max(ids)]))
+      with tf.control_dependencies(checks):
         ids = tf.identity(ids)
       valid = tf.cast(ids >= 0, tf.float32)
       w = valid if w is None else dt.relayout(tf.cast(w, tf.float32), replicated[2]) * valid
