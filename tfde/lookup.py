@@ -193,7 +193,7 @@ class ShardedLookup(tf.Module):
     """Stage 0: every configured feature as a FlatFeature (validated)."""
     comm = comm_lib.current()
     return inputs_lib.flat_features(self.feature_configs, self.tables, inputs, weights,
-                                    comm.gather_flags if comm.fails_alone else None)
+                                    comm.gather_flags if comm.replicas_in_own_processes else None)
 
   # Trace-time Python only: autograph must not rewrite the pipeline.
   @tf.autograph.experimental.do_not_convert

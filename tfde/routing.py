@@ -215,24 +215,24 @@ def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=No
   # a stable partition, and replica r's samples follow r - 1's), which the
   # op checks as it takes the row splits.
   requested, row_splits = ops.split_sample_keys(received, tf.reduce_sum(every_samples), bits)
-  # The coefficients travel whether or not this call has weights (ones
-  # where it has none and sums): every graph of a lookup (training,
-  # evaluation, with weights or without) makes the same collectives, which
-  # the workers of a multi-process run name by their call order.
   unit = weights is None and combiner == "sum"
-  if unit:
-    grouped = tf.ones(tf.shape(local_keyed), tf.float32)
-  else:
-    coefficients = ops.combine_coefficients(splits, weights, tf.size(fused_ids), combiner)[1]
-    grouped = tf.scatter_nd(positions[:, None], coefficients, tf.shape(coefficients))
-  coefficients = comm.all_to_all(grouped, plan)
-  if unit:
-    # Every replica runs this same graph, so each owner knows the ones it
-    # receives: it combines without them (a plain sum, x * 1 being x: the
-    # same bits, with no product per id), once they have arrived.
+  if unit and not comm.replicas_in_own_processes:
+    # One graph makes every replica's step: each owner knows it receives
+    # ones, and combines without them (a plain sum, x * 1 being x).
+    coefficients = None
+  elif unit:
+    # Workers name their collectives by call order, so every graph of a
+    # lookup (training, evaluation, with weights or without) makes the same
+    # ones: the ones travel too. Each owner knows what it receives and
+    # combines without them, once they have arrived.
+    coefficients = comm.all_to_all(tf.ones(tf.shape(local_keyed), tf.float32), plan)
     with tf.control_dependencies([coefficients]):
       requested = tf.identity(requested)
     coefficients = None
+  else:
+    coefficients = ops.combine_coefficients(splits, weights, tf.size(fused_ids), combiner)[1]
+    coefficients = comm.all_to_all(
+        tf.scatter_nd(positions[:, None], coefficients, tf.shape(coefficients)), plan)
   # Each owner sends every replica its samples' rows of the partial sums:
   # counts every replica knows, so no exchange of counts.
   partials = comm_lib.ExchangePlan(every_samples, tf.fill(tf.shape(every_samples), samples),

@@ -12,7 +12,7 @@ class HorovodCommunicator(Communicator):
   """Horovod (`horovodrun`): one process per replica, `hvd.alltoall`
   with splits, which takes variable-size chunks directly."""
 
-  fails_alone = True
+  replicas_in_own_processes = True
 
   def __init__(self, hvd):
     super().__init__(hvd.size())

@@ -43,7 +43,7 @@ class MultiWorkerCommunicator(Communicator):
   # turn.
   _KEY_SLOTS = 2**23
 
-  fails_alone = True
+  replicas_in_own_processes = True
 
   def __init__(self, strategy):
     super().__init__(strategy.num_replicas_in_sync)
