@@ -2,7 +2,7 @@
 tests/test_multiprocess_reliability.py), under MultiWorkerMirroredStrategy
 or Horovod: non-finite gradients and out-of-range ids.
 
-Five steps of the harness's tables (Adam), table A with
+Six steps of the harness's tables (Adam), table A with
 nonfinite="skip", B and C with the default "error":
   0  a finite step;
   1  the last worker's targets of A's feature are NaN: A's update is
@@ -12,7 +12,11 @@ nonfinite="skip", B and C with the default "error":
   3  the last worker's ids of c_single include one past table C: that
      worker raises naming the id, every other naming the worker and the
      feature, none waits, and no table changes;
-  4  a good step: every worker goes on after the refused steps.
+  4  the last worker's b_ragged has row splits past its ids (built
+     without validation): that worker raises naming the feature, every
+     other naming the worker and the feature, none waits, and no table
+     changes;
+  5  a good step: every worker goes on after the refused steps.
 Writes OUT/nonfinite_{rank}.npz: this worker's shard, slots, step and
 skip count of every table after each step, and the error of each step.
 """
@@ -25,6 +29,12 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tests import worker_common as w  # noqa: E402
+
+
+def _past_their_ids(ragged):
+  """`ragged` with its last row split one past its values: malformed."""
+  splits = tf.concat([ragged.row_splits[:-1], ragged.row_splits[-1:] + 1], 0)
+  return tf.RaggedTensor.from_row_splits(ragged.values, splits, validate=False)
 
 
 def main():
@@ -42,6 +52,7 @@ def main():
   last = slice(h.GLOBAL_BATCH * (num_replicas - 1) // num_replicas, None)
   poisoned = {1: ["a_dense"], 2: ["b_sparse", "b_ragged"]}
   bad_id = {3: "c_single"}
+  malformed_step = 4
 
   def local_state(phase):
     out = {}
@@ -62,10 +73,16 @@ def main():
       ids = batch[bad_id[index]]["ids"]
       ids[-1] = [h.TABLES[h.FEATURES[bad_id[index]][0]][0] + 5]  # in the last slice
     error = ""
+
+    def inputs_of(replica, batch=batch, index=index):
+      inputs, weights, targets = h.replica_inputs(batch, replica, num_replicas)
+      if index == malformed_step and replica == num_replicas - 1:
+        inputs["b_ragged"], weights["b_ragged"] = (
+            _past_their_ids(inputs["b_ragged"]), _past_their_ids(weights["b_ragged"]))
+      return inputs, weights, targets
+
     try:
-      w.run_step(step, strategy, args.mode,
-                 lambda r, batch=batch: h.replica_inputs(batch, r, num_replicas),
-                 rank, num_replicas)
+      w.run_step(step, strategy, args.mode, inputs_of, rank, num_replicas)
     except tf.errors.OpError as e:
       # Go on, as a loop that skips a bad batch does.
       error = f"{type(e).__name__}: {e.message}"

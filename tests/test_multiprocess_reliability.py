@@ -20,7 +20,7 @@ import tfde
 from tests import sharded_harness as h
 from tests import test_multiprocess as mp
 
-STEPS = 5
+STEPS = 6
 
 
 def _nonfinite_batches(tmp_path):
@@ -38,7 +38,8 @@ def _check_nonfinite(out_dir):
   no table, slot or step: not of B's group, nor of C (another exchange);
   step 3 (an id past table C on the last worker) raised on every worker
   (the last naming the id, the others the worker and feature), none
-  waiting for another, and changed nothing; step 4 trained every table."""
+  waiting for another, and changed nothing; so did step 4 (malformed
+  row splits of b_ragged on the last worker); step 5 trained every table."""
   results = [dict(np.load(os.path.join(out_dir, f"nonfinite_{r}.npz")))
              for r in range(mp.NUM_WORKERS)]
   last = mp.NUM_WORKERS - 1
@@ -52,7 +53,11 @@ def _check_nonfinite(out_dir):
             f"replica {last} refused an id of feature c_single (table C) (its error "
             "names it), so the step of this replica is refused too")
     assert want in str(r["error_3"]), (rank, str(r["error_3"]))
-    assert not str(r["error_4"]), (rank, str(r["error_4"]))
+    want = ("feature b_ragged (table B)" if rank == last else
+            f"replica {last} refused the input of feature b_ragged (table B) (its "
+            "error names it), so the step of this replica is refused too")
+    assert want in str(r["error_4"]), (rank, str(r["error_4"]))
+    assert not str(r["error_5"]), (rank, str(r["error_5"]))
     assert "C" not in r["group_of_B"].tolist()  # C has an exchange of its own
     for name in h.TABLES:
       keys = [k.split("/", 2)[2] for k in r if k.startswith(f"after_0/{name}/")]
@@ -69,16 +74,18 @@ def _check_nonfinite(out_dir):
       for key in keys:
         np.testing.assert_array_equal(r[f"after_2/{name}/{key}"], r[f"after_1/{name}/{key}"],
                                       err_msg=f"worker {rank}: table {name} {key} changed")
-        np.testing.assert_array_equal(r[f"after_3/{name}/{key}"], r[f"after_1/{name}/{key}"],
-                                      err_msg=f"worker {rank}: table {name} {key} changed")
-      # Step 4 trained (each worker's shard holds rows the batch reads).
-      assert int(r[f"after_4/{name}/step"]) == int(r[f"after_1/{name}/step"]) + 1, (rank, name)
-      assert not np.array_equal(r[f"after_4/{name}/table"], r[f"after_1/{name}/table"]), \
+        for refused in (3, 4):
+          np.testing.assert_array_equal(
+              r[f"after_{refused}/{name}/{key}"], r[f"after_1/{name}/{key}"],
+              err_msg=f"worker {rank}: step {refused} changed table {name} {key}")
+      # Step 5 trained (each worker's shard holds rows the batch reads).
+      assert int(r[f"after_5/{name}/step"]) == int(r[f"after_1/{name}/step"]) + 1, (rank, name)
+      assert not np.array_equal(r[f"after_5/{name}/table"], r[f"after_1/{name}/table"]), \
           (rank, name)
   # The replicated counters agree across workers.
   for name in h.TABLES:
     for key in ("step", "skips"):
-      assert len({int(r[f"after_4/{name}/{key}"]) for r in results}) == 1, (name, key)
+      assert len({int(r[f"after_5/{name}/{key}"]) for r in results}) == 1, (name, key)
 
 
 @pytest.mark.timeout(mp.TIMEOUT_S + 60)

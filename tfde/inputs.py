@@ -344,9 +344,10 @@ def flat_features(feature_configs, tables, inputs, weights=None, gather_flags=No
 
   `gather_flags` (a communicator's, where a replica's failed step leaves
   its peers waiting: workers) makes every replica learn which replicas'
-  ids their tables refuse before any replica raises: the one with the bad
-  id names it, and every other raises naming that replica and feature,
-  instead of waiting for it in the first exchange.
+  inputs are refused (malformed, or an id their table refuses) before any
+  replica raises: the one with the bad input names what is wrong, and
+  every other raises naming that replica and feature, instead of waiting
+  for it in the first exchange.
 
   In a graph each feature's ids wait for every feature's checked ids, row
   splits and weights: a stage that changes a table as it reads (a dynamic
@@ -368,17 +369,19 @@ def flat_features(feature_configs, tables, inputs, weights=None, gather_flags=No
   unknown = sorted(set(weights) - set(feature_configs))
   if unknown:
     raise ValueError(f"weights given for unknown features {unknown}")
-  flat = []
   for name, feature in feature_configs.items():
-    table = tables[feature.table.name]
     if inputs.get(name) is None:
-      raise ValueError(f"{describe(name, table.name)} is missing from the inputs")
-    # The table's kind says what its lookup takes (flat checked ids for
-    # tfde's exchange; the inputs as given for an engine).
-    flat.append(table.flat_feature(feature, inputs[name], weights.get(name),
-                                   check_ids=gather_flags is None))
+      raise ValueError(f"{describe(name, feature.table.name)} is missing from the inputs")
+  refused = None
   if gather_flags is not None:
-    flat = _ids_checked_together(flat, gather_flags)
+    inputs, weights, refused = _refusals_exchanged(feature_configs, tables, inputs,
+                                                   weights, gather_flags)
+  # The table's kind says what its lookup takes (flat checked ids for
+  # tfde's exchange; the inputs as given for an engine).
+  flat = [tables[feature.table.name].flat_feature(feature, inputs[name], weights.get(name))
+          for name, feature in feature_configs.items()]
+  if refused is not None:
+    flat = _others_refused(flat, refused)
   if tf.executing_eagerly():
     return flat
   checked = [t for f in flat for t in (f.ids, f.row_splits, f.weights)
@@ -388,33 +391,134 @@ def flat_features(feature_configs, tables, inputs, weights=None, gather_flags=No
             for f in flat]
 
 
-def _ids_checked_together(flat, gather_flags):
-  """`flat` with each feature's ids checked by its table, once every
-  replica knows whose ids are refused (`flat_features`)."""
-  checked = [f for f in flat if f.ids is not None]
-  flags = [f.table.refuses_ids(f.ids) for f in checked]
-  if all(flag is None for flag in flags):  # dynamic tables take any id
-    ids = [f.table.check_ids(f.ids, f.name) for f in checked]
-  else:
-    refused = gather_flags(tf.stack([
-        tf.constant(0) if flag is None else tf.cast(flag, tf.int32) for flag in flags]))
-    # Only now, so that each replica has sent its flags: this replica's own
-    # refusal (naming its id), then any other replica's.
+# What a replica's refusal code (`_refusal`) says, by code.
+_REFUSED = ("nothing", "the input", "an id")
+
+
+def _valid_splits(splits, num_ids):
+  """Whether `splits` are row splits of `num_ids` values (what
+  `ops.check_row_splits` checks), computed without raising."""
+  return tf.logical_and(
+      tf.logical_and(tf.size(splits) >= 1, tf.reduce_all(splits[:1] == 0)),
+      tf.logical_and(tf.reduce_all(splits[1:] >= splits[:-1]),
+                     tf.reduce_all(splits[-1:] == num_ids)))
+
+
+def _sparse_malformed(sparse):
+  """Whether `_reordered` refuses `sparse`, computed without raising."""
+  num_indices = tf.shape(sparse.indices, out_type=tf.int64)[0]
+  fits = tf.logical_and(sparse.indices >= 0, sparse.indices < sparse.dense_shape)
+  return tf.logical_not(tf.logical_and(
+      tf.equal(num_indices, tf.size(sparse.values, out_type=tf.int64)),
+      tf.reduce_all(fits)))
+
+
+def _malformed(ids, weights, strings):
+  """Whether `flatten_feature` refuses `ids` and `weights` when it runs (a
+  bool scalar computed without raising; None where nothing can fail then).
+  The checks made as it is built (kinds, ranks, dtypes) raise as it is
+  built, before any exchange."""
+  values = ids.values if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else ids
+  if weights is not None and _kind(weights) != _kind(ids):
+    weights = None  # refused as it is built
+  bad = []
+  if values.dtype == tf.uint64 and not strings:
+    bad.append(tf.reduce_any(values >= tf.constant(2**63, tf.uint64)))
+  if isinstance(ids, tf.RaggedTensor):
+    splits = tf.cast(ids.row_splits, tf.int64)
+    num_ids = tf.size(values, out_type=tf.int64)
+    bad.append(tf.logical_not(_valid_splits(splits, num_ids)))
+    if weights is not None:
+      bad.append(tf.logical_not(tf.logical_and(
+          _same_rows(tf.cast(weights.row_splits, tf.int64), splits),
+          tf.equal(tf.size(weights.values, out_type=tf.int64), num_ids))))
+  elif isinstance(ids, tf.SparseTensor):
+    bad.append(_sparse_malformed(ids))
+    if weights is not None:
+      either = tf.logical_or(bad[-1], _sparse_malformed(weights))
+      # Their indices compare once sorted, which only well-formed ones can be.
+      bad.append(tf.cond(either, lambda: tf.constant(True), lambda: tf.logical_not(
+          _same_rows(tf.sparse.reorder(weights).indices, tf.sparse.reorder(ids).indices))))
+  elif weights is not None:
+    bad.append(tf.logical_not(_same_rows(tf.shape(weights), tf.shape(ids))))
+  return tf.reduce_any(tf.stack(bad)) if bad else None
+
+
+def _refusal(feature, table, ids, weights):
+  """This replica's refusal of `feature`'s input (its `ids` and `weights`
+  as given), computed without raising: an int32 scalar indexing
+  `_REFUSED` (1: `flatten_feature` refuses the input, 2: `table` refuses
+  one of its ids), or None where neither can happen."""
+  if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
+    ids = tf.convert_to_tensor(ids)
+  if not ids.dtype.is_integer:
+    return None  # string ids (a dynamic table's) or a dtype refused as built
+  malformed = _malformed(ids, weights, strings=table.is_dynamic)
+
+  def id_refusal():
+    if feature.output == "pooled":
+      # A pooled feature's flat ids are its values, reordered.
+      given = ids.values if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else ids
+      flat = tf.reshape(tf.cast(given, tf.int64), [-1])
+    else:  # a sequence feature's truncated ids are never looked up
+      flat = table.flat_feature(feature, ids, weights, check_ids=False).ids
+    refused = None if flat is None else table.refuses_ids(flat)
+    return None if refused is None else 2 * tf.cast(refused, tf.int32)
+
+  if malformed is None:
+    return id_refusal()
+
+  def well_formed():
+    code = id_refusal()
+    return tf.constant(0) if code is None else code
+
+  if tf.executing_eagerly():
+    return tf.constant(1) if malformed else well_formed()
+  # Only a well-formed input is flattened to its ids: a malformed one could
+  # fail in doing so, before its replica has told the others.
+  return tf.cond(malformed, lambda: tf.constant(1), well_formed)
+
+
+def _refusals_exchanged(feature_configs, tables, inputs, weights, gather_flags):
+  """(inputs, weights, every replica's refusal of each feature: [N, k]
+  int32, or None where none can refuse): every replica learns whose
+  inputs are refused before any replica's checks raise, and the inputs
+  returned are read only after that (`flat_features`)."""
+  names = list(feature_configs)
+  codes = [_refusal(feature_configs[n], tables[feature_configs[n].table.name],
+                    inputs[n], weights.get(n)) for n in names]
+  if all(code is None for code in codes):
+    return inputs, weights, None
+  refused = gather_flags(tf.stack([tf.constant(0) if c is None else c for c in codes]))
+
+  def after_exchange(value):
     with tf.control_dependencies([refused]):
-      ids = [f.table.check_ids(tf.identity(f.ids), f.name) for f in checked]
-    none, position, _ = checks.first_offender(tf.reshape(refused > 0, [-1]),
-                                              tf.reshape(refused, [-1]))
-    names = tf.constant([describe(f.name, f.table.name) for f in checked])
-    with tf.control_dependencies(ids):
-      # (Where none is refused, the position is past the end: feature 0.)
-      guard = checks.assert_that(
-          none, "replica ", tf.math.floordiv(position, len(checked)), " refused an id of ",
-          tf.gather(names, tf.math.floormod(position, len(checked))),
-          " (its error names it), so the step of this replica is refused too")
-    with tf.control_dependencies([guard]):
-      ids = [tf.identity(i) for i in ids]
-  ids = iter(ids)
-  return [f if f.ids is None else dataclasses.replace(f, ids=next(ids)) for f in flat]
+      return tf.nest.map_structure(tf.identity, value, expand_composites=True)
+
+  return ({n: after_exchange(v) for n, v in inputs.items()},
+          {n: after_exchange(v) for n, v in weights.items()}, refused)
+
+
+def _others_refused(flat, refused):
+  """`flat` with its ids read only once this replica's own checks (its
+  features' ids, row splits and weights) have passed and no other
+  replica refused its input (`refused` from `_refusals_exchanged`): each
+  raises naming the replica and the feature."""
+  own = [t for f in flat for t in (f.ids, f.row_splits, f.weights) if isinstance(t, tf.Tensor)]
+  none, position, code = checks.first_offender(tf.reshape(refused > 0, [-1]),
+                                               tf.reshape(refused, [-1]))
+  count = len(flat)
+  names = tf.constant([describe(f.name, f.table.name) for f in flat])
+  with tf.control_dependencies(own):
+    # (Where none is refused, the position is past the end: feature 0.)
+    guard = checks.assert_that(
+        none, "replica ", tf.math.floordiv(position, count), " refused ",
+        tf.gather(tf.constant(_REFUSED), code), " of ",
+        tf.gather(names, tf.math.floormod(position, count)),
+        " (its error names it), so the step of this replica is refused too")
+  with tf.control_dependencies([guard]):
+    return [f if f.ids is None else dataclasses.replace(f, ids=tf.identity(f.ids))
+            for f in flat]
 
 
 def unpool(inputs, ids, row_splits, max_sequence_length):

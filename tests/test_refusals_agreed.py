@@ -1,0 +1,149 @@
+"""Stage 0 under worker processes (`inputs.flat_features` with a
+communicator's `gather_flags`): each replica's refusal of every feature's
+input is computed without raising and exchanged before any check raises.
+
+A stand-in exchange plays the second replica: it records what this one
+sent and answers with the peer's flags. The oracle of what is refused is
+stage 0 itself without the exchange (`gather_flags=None`): with it, a
+replica refuses exactly those inputs, with the same error, once it has
+sent its flags; the real two-process runs are in
+tests/test_multiprocess_reliability.py."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfde
+from tfde import inputs as inputs_lib
+
+# Feature a's (ids, weights), by what is wrong with them, and the code of
+# its refusal (inputs._REFUSED: 1 the input, 2 an id). Feature a's table
+# holds 10 rows.
+def _unchecked_ragged(values, splits):
+  return tf.RaggedTensor.from_row_splits(tf.constant(values, tf.int64),
+                                         tf.constant(splits, tf.int64), validate=False)
+
+
+BAD = {
+    "splits not starting at 0": (1, lambda: (_unchecked_ragged([1, 2, 3], [1, 2, 3]), None)),
+    "splits decreasing": (1, lambda: (_unchecked_ragged([1, 2, 3], [0, 2, 1, 3]), None)),
+    "splits past the ids": (1, lambda: (_unchecked_ragged([1, 2], [0, 1, 3]), None)),
+    "ragged weights of other row lengths": (1, lambda: (
+        tf.ragged.constant([[1, 2], [3]], tf.int64), tf.ragged.constant([[1.0], [2.0, 3.0]]))),
+    "sparse index outside the shape": (1, lambda: (tf.SparseTensor(
+        [[0, 0], [2, 0]], tf.constant([1, 2], tf.int64), [2, 2]), None)),
+    "sparse weights of other indices": (1, lambda: (
+        tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, 2], tf.int64), [2, 2]),
+        tf.SparseTensor([[0, 0], [1, 1]], [1.0, 2.0], [2, 2]))),
+    "dense weights of another shape": (1, lambda: (
+        tf.constant([[1, 2], [3, 4]], tf.int64), tf.constant([[1.0], [2.0]]))),
+    # Refused as given, before it is an int64 id.
+    "a uint64 id of 2^63": (1, lambda: (tf.constant([[1, 2**63]], tf.uint64), None)),
+    "an id past the table": (2, lambda: (tf.constant([[1, 10], [3, 4]], tf.int64), None)),
+    "a negative id, ragged": (2, lambda: (tf.ragged.constant([[1, -1], [3]], tf.int64), None)),
+}
+
+
+def _lookup(sequence=False):
+  a = tfde.FeatureConfig(name="a", table=tfde.TableConfig(
+      name="t1", vocabulary_size=10, embedding_dim=4, combiner="mean"),
+      max_sequence_length=2 if sequence else None)
+  b = tfde.FeatureConfig(name="b", table=tfde.TableConfig(
+      name="t2", vocabulary_size=20, embedding_dim=4))
+  return tfde.lookup.ShardedLookup({"a": a, "b": b})
+
+
+class StandIn:
+  """The exchange of a replica and its peer (replica 1): records the flags
+  this replica sent, in a variable, so a graph shows whether they were
+  sent before its checks raised."""
+
+  def __init__(self, peer_flags=(0, 0)):
+    self.sent = tf.Variable([-1, -1], dtype=tf.int32)
+    self.peer = tf.constant(peer_flags, tf.int32)
+
+  def __call__(self, flags):
+    with tf.control_dependencies([self.sent.assign(flags)]):
+      return tf.stack([tf.identity(flags), self.peer])
+
+
+def _stage0(lookup, ids, weights, gather_flags, traced):
+  good_b = tf.constant([[1, 2], [3, 4]], tf.int64)
+
+  def run(ids, weights):
+    given_weights = {} if weights is None else {"a": weights}
+    flat = inputs_lib.flat_features(lookup.feature_configs, lookup.tables,
+                                    {"a": ids, "b": good_b}, given_weights, gather_flags)
+    return [(f.ids, f.row_splits, f.weights) for f in flat]
+
+  return (tf.function(run) if traced else run)(ids, weights)
+
+
+def _error(fn):
+  """The line of `fn()`'s error that names a table (a graph's error adds
+  where its op was built)."""
+  with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+    fn()
+  message = raised.value.message
+  return next((line.strip() for line in message.split("\n") if "(table" in line), message)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_refused_input_is_sent_then_raised_with_its_own_error(case, traced):
+  lookup = _lookup()
+  code, make = BAD[case]
+  ids, weights = make()
+  alone = _error(lambda: _stage0(lookup, ids, weights, None, traced))
+  assert "feature a (table t1)" in alone, alone
+  exchange = StandIn()
+  agreed = _error(lambda: _stage0(lookup, ids, weights, exchange, traced))
+  # The same error as without the exchange, raised after the flags went.
+  assert agreed == alone
+  assert exchange.sent.numpy().tolist() == [code, 0]
+
+
+def test_sparse_ids_with_fewer_values_than_indices_are_sent_then_raised():
+  """Known only when the step runs (traced with unknown shapes): a
+  SparseTensor of known shapes refuses them as it is made."""
+  lookup = _lookup()
+  exchange = StandIn()
+  indices = tf.constant([[0, 0], [1, 0]], tf.int64)
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.int64),
+                                tf.TensorSpec([None], tf.int64)])
+  def run(indices, values):
+    return _stage0(lookup, tf.SparseTensor(indices, values, [2, 2]), None, exchange, False)
+
+  message = _error(lambda: run(indices, tf.constant([1], tf.int64)))
+  assert "feature a (table t1): sparse ids have 2 indices but 1 values" in message, message
+  assert exchange.sent.numpy().tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("peer, what", [((1, 0), "the input of feature a (table t1)"),
+                                        ((0, 2), "an id of feature b (table t2)")])
+def test_a_peers_refusal_fails_a_good_replica_naming_it(peer, what, traced):
+  lookup = _lookup()
+  ids = tf.ragged.constant([[1, 2], [3]], tf.int64)
+  message = _error(lambda: _stage0(lookup, ids, None, StandIn(peer), traced))
+  assert (f"replica 1 refused {what} (its error names it), so the step of this "
+          "replica is refused too") in message, message
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("sequence", [False, True])
+def test_good_inputs_flatten_as_without_the_exchange(sequence, traced):
+  lookup = _lookup(sequence)
+  # For the sequence feature (2 ids a sample) the id past the table is
+  # truncated, so never looked up, and not refused.
+  ids = tf.ragged.constant([[1, 2] + ([11] if sequence else []), [3]], tf.int64)
+  weights = None if sequence else tf.ragged.constant([[0.5, 2.0], [1.0]])
+  exchange = StandIn()
+  agreed = _stage0(lookup, ids, weights, exchange, traced)
+  alone = _stage0(lookup, ids, weights, None, traced)
+  for got, want in zip(tf.nest.flatten(agreed), tf.nest.flatten(alone)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert exchange.sent.numpy().tolist() == [0, 0]
+  if sequence:
+    assert agreed[0][0].numpy().tolist() == [1, 2, 3]
