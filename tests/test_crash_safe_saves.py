@@ -38,11 +38,11 @@ def _start(mode, directory):
           for c, e in zip(commands, envs)]
 
 
-def _kill_during_saves(mode, directory, periods, period=None):
-  """Starts the writer, waits for its first save, lets it go on for
-  `periods` save periods (further saves in flight), then SIGKILLs every
-  process. Without `period`, first measures it as the time from the first
-  save to the second. Returns the period used.
+def _kill_during_saves(mode, directory, periods):
+  """Starts the writer, waits for its first two saves, and SIGKILLs every
+  process `periods` save periods after the first (a period: the time from
+  the first save to the second, measured in each trial, as the load of
+  other tests changes it). Returns the period.
 
   The delay is counted in periods, not seconds, because one save takes
   0.1 s alone and 1.5 s for two MultiWorkerMirroredStrategy workers on a
@@ -52,12 +52,11 @@ def _kill_during_saves(mode, directory, periods, period=None):
   try:
     saved_at = []
     deadline = time.monotonic() + TIMEOUT_S
-    while len(saved_at) < (1 if period else 2):
+    while len(saved_at) < 2:
       assert time.monotonic() < deadline and procs[0].poll() is None, "no save"
       if procs[0].stdout.readline().startswith("saved"):
         saved_at.append(time.monotonic())
-    if period is None:
-      period = saved_at[1] - saved_at[0]
+    period = saved_at[1] - saved_at[0]
     time.sleep(max(0.0, saved_at[0] + periods * period - time.monotonic()))
   finally:
     for p in procs:
@@ -88,13 +87,12 @@ def _restored_value(directory):
 @pytest.mark.parametrize("mode", ["local", "mwms"])
 def test_a_killed_writer_leaves_a_complete_latest_checkpoint(tmp_path, mode):
   rng = np.random.default_rng(7)
-  seen, period = [], None
+  seen, periods = [], []
   for trial in range(TRIALS):
     directory = str(tmp_path / f"trial_{trial}")
-    # Up to 2.5 periods after the first save: before, during and after the
-    # second and third saves. The first trial measures the period.
-    periods = float(rng.uniform(1.0 if period is None else 0.0, 2.5))
-    period = _kill_during_saves(mode, directory, periods, period)
+    # 1 to 3.5 periods after the first save: during and after the third
+    # and fourth (all ten kills before the third is done: 0.4^10).
+    periods.append(_kill_during_saves(mode, directory, float(rng.uniform(1.0, 3.5))))
     seen.append(_restored_value(directory))
   # The kills fell at different points of the save loop.
-  assert len(set(seen)) > 1, (seen, period)
+  assert len(set(seen)) > 1, (seen, periods)

@@ -336,9 +336,14 @@ def test_table_of_a_group_without_ids_this_step(backend):
 
 
 @EXCHANGES
-def test_bytes_are_counted(strategy, exchange):
+@pytest.mark.parametrize("variant", [0, 1])
+def test_bytes_are_counted(strategy, exchange, variant):
+  # Variant 1 makes table C (a width of its own) an unweighted sum.
   n = strategy.num_replicas_in_sync
-  configs = h.feature_configs("sgd")
+  configs = h.feature_configs("sgd", variant)
+  combiners_of_width = {}
+  for f, (table, _) in h.FEATURES.items():
+    combiners_of_width.setdefault(h.TABLES[table][1], set()).add(configs[f].table.combiner)
   with strategy.scope():
     lookup = h.sharded_lookup(configs, exchange=exchange)
   lookup.comm.reset_bytes_sent()
@@ -363,14 +368,16 @@ def test_bytes_are_counted(strategy, exchange):
           want += 8 + 2 * 4 * h.TABLES[table][1]
       continue
     # Pooled: every id of its slice owned by another replica, as often as
-    # it occurs, with its sample (8 bytes) and its coefficient (4); then,
-    # per feature,
+    # it occurs, with its sample (8 bytes) and its coefficient (4), but
+    # none in a group of tables of one width that are all unweighted sums
+    # (one process: each owner knows they are ones); then, per feature,
     # the owner's partial sums of each other replica's samples back, and
     # this replica's output gradient to each other owner (4 * width bytes
     # a sample each).
     for f, (table, _) in h.FEATURES.items():
+      ones = combiners_of_width[h.TABLES[table][1]] == {"sum"}
       for sample in batch[f]["ids"][rows]:
-        want += sum(12 for i in sample if i % n != replica)
+        want += sum(8 if ones else 12 for i in sample if i % n != replica)
       want += 2 * (n - 1) * per_sample * 4 * h.TABLES[table][1]
   assert sent == want
   assert (sent > 0) == (n > 1)

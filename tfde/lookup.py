@@ -305,7 +305,8 @@ class ShardedLookup(tf.Module):
   def _input_dist(self, group, features, combiners, fused_ids):
     """Stage 1: dedup, group the unique ids by owner, and send each owner
     what it must serve (local rows, or ids with their sighting counts); or
-    (the pooled exchange) every id with its sample and coefficient."""
+    (the pooled exchange) every id with its sample and, where needed, its
+    coefficient."""
     comm = self.comm
     if exchange_kind.pools_partials(self.exchange, group,
                                     [self.feature_configs[f.name] for f in features],

@@ -137,7 +137,7 @@ class RoutedBags:
       follow replica r - 1's.
     weights: each requested row's coefficient in its sample's sum (its
       weight over the combiner's divisor), or None where every one is 1
-      (an unweighted sum; they still travel).
+      (an unweighted sum; the ones travel only between worker processes).
     partials: the exchange of the partial sums, `[global samples, width]`
       on each owner, back to the replicas whose samples they are.
     plan: the exchange of the ids (`requested` arrived by it).
@@ -171,7 +171,8 @@ def sample_key_bits(row_space, num_shards):
 def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=None):
   """Stage 1 of the pooled exchange: every id of this replica's `batch`
   (row splits, weights, combiner over `fused_ids`) to its owner (`id mod
-  N`) with its sample and coefficient, so that each owner sums its rows of
+  N`) with its sample and coefficient (none for an unweighted sum in one
+  process), so that each owner sums its rows of
   every sample of the global batch (a `RoutedBags`), and the replicas add
   the owners' partial sums (`sum_partials`): TorchRec's row-wise sharding.
 

@@ -91,11 +91,12 @@ class Communicator(abc.ABC):
     with tf.control_dependencies([check]):
       return ExchangePlan(send_counts, tf.identity(recv_counts), max_chunk)
 
-  # Whether each replica runs in its own process (workers), building its
-  # own graph: then a replica whose step fails leaves its peers waiting in
-  # the step's exchanges, and collectives pair up by their call order, so
-  # every graph must make the same ones. False where one process, and one
-  # graph, runs every replica's step (which fails as one).
+  # Whether the replicas span several processes (workers; one may hold
+  # several replicas), each building its own graph: then a replica whose
+  # step fails leaves its peers waiting in the step's exchanges, and
+  # collectives pair up by their call order, so every graph must make the
+  # same ones. False where one process, and one graph, runs every
+  # replica's step (which fails as one).
   replicas_in_own_processes = False
 
   def gather_flags(self, flags):
