@@ -53,7 +53,7 @@ def _check_nonfinite(out_dir):
             f"replica {last} refused an id of feature c_single (table C) (its error "
             "names it), so the step of this replica is refused too")
     assert want in str(r["error_3"]), (rank, str(r["error_3"]))
-    want = ("feature b_ragged (table B)" if rank == last else
+    want = ("feature b_ragged (table B): ragged ids have row splits" if rank == last else
             f"replica {last} refused the input of feature b_ragged (table B) (its "
             "error names it), so the step of this replica is refused too")
     assert want in str(r["error_4"]), (rank, str(r["error_4"]))

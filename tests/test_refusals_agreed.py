@@ -44,10 +44,12 @@ BAD = {
 }
 
 
-def _lookup(sequence=False):
+def _lookup(kind="pooled"):
+  """Feature a on table t1: 10 rows, pooled; "sequence": 2 ids a sample;
+  "dynamic": a dynamic table (string keys). Feature b on t2, 20 rows."""
   a = tfde.FeatureConfig(name="a", table=tfde.TableConfig(
-      name="t1", vocabulary_size=10, embedding_dim=4, combiner="mean"),
-      max_sequence_length=2 if sequence else None)
+      name="t1", vocabulary_size=None if kind == "dynamic" else 10, embedding_dim=4,
+      combiner="mean"), max_sequence_length=2 if kind == "sequence" else None)
   b = tfde.FeatureConfig(name="b", table=tfde.TableConfig(
       name="t2", vocabulary_size=20, embedding_dim=4))
   return tfde.lookup.ShardedLookup({"a": a, "b": b})
@@ -131,19 +133,65 @@ def test_a_peers_refusal_fails_a_good_replica_naming_it(peer, what, traced):
           "replica is refused too") in message, message
 
 
+# Feature a's table kind, and (ids, weights) that stage 0 takes.
+GOOD = {
+    "ragged, weighted": ("pooled", lambda: (
+        tf.ragged.constant([[1, 2], [3]], tf.int64), tf.ragged.constant([[0.5, 2.0], [1.0]]))),
+    "ragged of int32 splits": ("pooled", lambda: (tf.RaggedTensor.from_row_splits(
+        tf.constant([1, 2, 3]), tf.constant([0, 2, 3], tf.int32)), None)),
+    "ragged, no ids": ("pooled", lambda: (tf.RaggedTensor.from_row_splits(
+        tf.zeros([0], tf.int64), tf.constant([0, 0, 0], tf.int64)), None)),
+    "sparse weights in another index order": ("pooled", lambda: (
+        tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, 2], tf.int64), [2, 2]),
+        tf.SparseTensor([[1, 0], [0, 0]], [2.0, 1.0], [2, 2]))),
+    "dense of rank 1, weighted": ("pooled", lambda: (
+        tf.constant([1, 2], tf.int64), tf.constant([0.5, 2.0]))),
+    "uint64 in range": ("pooled", lambda: (tf.constant([[1, 9]], tf.uint64), None)),
+    # 2 ids a sample: the id past the table is truncated, never looked up.
+    "sequence, an id past the table truncated": ("sequence", lambda: (
+        tf.ragged.constant([[1, 2, 11], [3]], tf.int64), None)),
+    "dynamic, string keys": ("dynamic", lambda: (
+        tf.ragged.constant([["x", "y"], ["z"]]), tf.ragged.constant([[0.5, 2.0], [1.0]]))),
+}
+
+
 @pytest.mark.parametrize("traced", [False, True])
-@pytest.mark.parametrize("sequence", [False, True])
-def test_good_inputs_flatten_as_without_the_exchange(sequence, traced):
-  lookup = _lookup(sequence)
-  # For the sequence feature (2 ids a sample) the id past the table is
-  # truncated, so never looked up, and not refused.
-  ids = tf.ragged.constant([[1, 2] + ([11] if sequence else []), [3]], tf.int64)
-  weights = None if sequence else tf.ragged.constant([[0.5, 2.0], [1.0]])
+@pytest.mark.parametrize("case", sorted(GOOD))
+def test_good_inputs_flatten_as_without_the_exchange(case, traced):
+  kind, make = GOOD[case]
+  lookup = _lookup(kind)
+  ids, weights = make()
   exchange = StandIn()
   agreed = _stage0(lookup, ids, weights, exchange, traced)
   alone = _stage0(lookup, ids, weights, None, traced)
   for got, want in zip(tf.nest.flatten(agreed), tf.nest.flatten(alone)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   assert exchange.sent.numpy().tolist() == [0, 0]
-  if sequence:
+  if kind == "sequence":
     assert agreed[0][0].numpy().tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("kind, ids", [
+    ("sequence", lambda: _unchecked_ragged([1, 2, 11], [0, 3, 2])),
+    ("dynamic", lambda: tf.RaggedTensor.from_row_splits(
+        tf.constant(["x", "y"]), tf.constant([0, 1, 3], tf.int64), validate=False))])
+def test_malformed_splits_of_sequence_and_dynamic_features_are_sent(kind, ids, traced):
+  """A sequence feature is flattened for its ids only when well formed; a
+  dynamic table refuses no id, but its input can be malformed."""
+  lookup = _lookup(kind)
+  alone = _error(lambda: _stage0(lookup, ids(), None, None, traced))
+  exchange = StandIn()
+  assert _error(lambda: _stage0(lookup, ids(), None, exchange, traced)) == alone
+  assert "feature a (table t1): ragged ids have row splits" in alone, alone
+  assert exchange.sent.numpy().tolist() == [1, 0]
+
+
+def test_a_weights_dict_holding_none_is_taken():
+  lookup = _lookup()
+  exchange = StandIn()
+  flat = inputs_lib.flat_features(
+      lookup.feature_configs, lookup.tables,
+      {"a": tf.constant([[1, 2]], tf.int64), "b": tf.constant([[3]], tf.int64)},
+      {"a": None}, exchange)
+  assert flat[0].weights is None and exchange.sent.numpy().tolist() == [0, 0]

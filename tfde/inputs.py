@@ -230,7 +230,7 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
       raise ValueError(f"{where}: weights have shape {weights.shape} but the "
                        f"ids have shape {inputs.shape}")
     guards = [checks.assert_that(
-        tf.reduce_all(tf.equal(tf.shape(weights), tf.shape(inputs))),
+        _same_rows(tf.shape(weights), tf.shape(inputs)),
         f"{where}: weights have shape ", tf.shape(weights),
         " but the ids have shape ", tf.shape(inputs))]
     with tf.control_dependencies(guards):
@@ -451,32 +451,30 @@ def _refusal(feature, table, ids, weights):
   one of its ids), or None where neither can happen."""
   if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
     ids = tf.convert_to_tensor(ids)
-  if not ids.dtype.is_integer:
-    return None  # string ids (a dynamic table's) or a dtype refused as built
+  strings = ids.dtype == tf.string and table.is_dynamic  # keys: no id is refused
+  if not (ids.dtype.is_integer or strings):
+    return None  # a dtype refused as the step is built
   malformed = _malformed(ids, weights, strings=table.is_dynamic)
-
-  def id_refusal():
-    if feature.output == "pooled":
-      # A pooled feature's flat ids are its values, reordered.
-      given = ids.values if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else ids
-      flat = tf.reshape(tf.cast(given, tf.int64), [-1])
-    else:  # a sequence feature's truncated ids are never looked up
+  given = ids.values if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else ids
+  # A pooled feature's flat ids are its values, reordered. (Neither the
+  # cast nor the comparisons can fail, whatever the input's structure.)
+  refused = None if strings else table.refuses_ids(tf.reshape(tf.cast(given, tf.int64), [-1]))
+  if refused is not None and feature.output != "pooled":
+    # A sequence feature's truncated ids are never looked up: its flat
+    # ids, of a well-formed input only (a malformed one could fail to
+    # flatten, before its replica has told the others).
+    def unpooled():
       flat = table.flat_feature(feature, ids, weights, check_ids=False).ids
-    refused = None if flat is None else table.refuses_ids(flat)
-    return None if refused is None else 2 * tf.cast(refused, tf.int32)
-
-  if malformed is None:
-    return id_refusal()
-
-  def well_formed():
-    code = id_refusal()
-    return tf.constant(0) if code is None else code
-
-  if tf.executing_eagerly():
-    return tf.constant(1) if malformed else well_formed()
-  # Only a well-formed input is flattened to its ids: a malformed one could
-  # fail in doing so, before its replica has told the others.
-  return tf.cond(malformed, lambda: tf.constant(1), well_formed)
+      return 2 * tf.cast(table.refuses_ids(flat), tf.int32)
+    if malformed is None:
+      return unpooled()
+    if tf.executing_eagerly():
+      return tf.constant(1) if malformed else unpooled()
+    return tf.cond(malformed, lambda: tf.constant(1), unpooled)
+  if refused is None:
+    return None if malformed is None else tf.cast(malformed, tf.int32)
+  id_code = 2 * tf.cast(refused, tf.int32)
+  return id_code if malformed is None else tf.where(malformed, 1, id_code)
 
 
 def _refusals_exchanged(feature_configs, tables, inputs, weights, gather_flags):
@@ -496,7 +494,8 @@ def _refusals_exchanged(feature_configs, tables, inputs, weights, gather_flags):
       return tf.nest.map_structure(tf.identity, value, expand_composites=True)
 
   return ({n: after_exchange(v) for n, v in inputs.items()},
-          {n: after_exchange(v) for n, v in weights.items()}, refused)
+          {n: None if v is None else after_exchange(v) for n, v in weights.items()},
+          refused)
 
 
 def _others_refused(flat, refused):
