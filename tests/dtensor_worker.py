@@ -159,23 +159,21 @@ def layout_case():
   # Bad ids: an error naming the feature and table; no table changes.
   before = {n: t.full_table() for n, t in layer.tables.items()}
   ids, weights, _ = dense_inputs(mesh, h.make_batch(0, weighted=False))
-  ids["b_sparse"] = pack(mesh, [[50, 1]] * h.GLOBAL_BATCH, tf.int64)
-  try:
-    outputs = tf.function(layer)(ids)
-    # DTensor runs asynchronously: the error arrives with the result.
-    dtensor.relayout(outputs["b_sparse"], dtensor.Layout.replicated(mesh, 2)).numpy()
-    report["bad_id_error"] = None
-  except tf.errors.InvalidArgumentError as e:
-    report["bad_id_error"] = e.message
+  def error_of(ids):
+    try:
+      outputs = tf.function(layer)(ids)
+      # DTensor runs asynchronously: the error arrives with the result.
+      dtensor.relayout(outputs["b_sparse"], dtensor.Layout.replicated(mesh, 2)).numpy()
+      return None
+    except tf.errors.InvalidArgumentError as e:
+      return e.message
+
+  report["bad_id_error"] = error_of(
+      dict(ids, b_sparse=pack(mesh, [[50, 1]] * h.GLOBAL_BATCH, tf.int64)))
   # uint64 ids from 2^63 are refused as given, not wrapped to negative ids
   # (2^64 - 1 to the padding -1); in-range ones look up the int64 rows.
-  ids["b_sparse"] = pack(mesh, [[2**64 - 1, 1]] * h.GLOBAL_BATCH, tf.uint64)
-  try:
-    outputs = tf.function(layer)(ids)
-    dtensor.relayout(outputs["b_sparse"], dtensor.Layout.replicated(mesh, 2)).numpy()
-    report["uint64_error"] = None
-  except tf.errors.InvalidArgumentError as e:
-    report["uint64_error"] = e.message
+  report["uint64_error"] = error_of(
+      dict(ids, b_sparse=pack(mesh, [[2**64 - 1, 1]] * h.GLOBAL_BATCH, tf.uint64)))
   report["unchanged"] = all(np.array_equal(before[n], t.full_table())
                             for n, t in layer.tables.items())
   as_int64 = dict(ids, b_sparse=pack(mesh, [[49, 1]] * h.GLOBAL_BATCH, tf.int64))
