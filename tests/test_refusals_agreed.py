@@ -15,15 +15,11 @@ import tensorflow as tf
 
 import tfde
 from tfde import inputs as inputs_lib
+from tests.test_bad_batches import _unchecked_ragged
 
 # Feature a's (ids, weights), by what is wrong with them, and the code of
 # its refusal (inputs._REFUSED: 1 the input, 2 an id). Feature a's table
 # holds 10 rows.
-def _unchecked_ragged(values, splits):
-  return tf.RaggedTensor.from_row_splits(tf.constant(values, tf.int64),
-                                         tf.constant(splits, tf.int64), validate=False)
-
-
 BAD = {
     "splits not starting at 0": (1, lambda: (_unchecked_ragged([1, 2, 3], [1, 2, 3]), None)),
     "splits decreasing": (1, lambda: (_unchecked_ragged([1, 2, 3], [0, 2, 1, 3]), None)),

@@ -75,7 +75,7 @@ def _check_ids_dtype(ids, where, strings=False):
     # check would show wrapped: refuse them here, as given. (A dynamic
     # table's keys are any 64 bits: there the cast is a bijection.)
     flat = tf.reshape(ids, [-1])
-    none, i, value = checks.first_offender(flat >= tf.constant(2**63, tf.uint64), flat)
+    none, i, value = checks.first_offender(_past_int64(flat), flat)
     guard = checks.assert_that(none, where, ": id ", value, " at position ", i,
                                " is out of range: the ids of a table are below 2^63")
     with tf.control_dependencies([guard]):
@@ -87,15 +87,11 @@ def _reordered(sparse, what):
   """`tf.sparse.reorder(sparse)`, once its indices are checked against its
   values and dense shape (refused naming `what`: SparseReorder's own error
   names no feature)."""
-  num_indices = tf.shape(sparse.indices, out_type=tf.int64)[0]
-  num_values = tf.size(sparse.values, out_type=tf.int64)
+  num_indices, num_values, counts_match, inside = _sparse_structure(sparse)
   guards = [
-      checks.assert_that(tf.equal(num_indices, num_values), what, " have ", num_indices,
-                         " indices but ", num_values, " values"),
-      checks.assert_that(
-          tf.reduce_all(tf.logical_and(sparse.indices >= 0,
-                                       sparse.indices < sparse.dense_shape)),
-          f"{what} have an index outside their dense shape")]
+      checks.assert_that(counts_match, what, " have ", num_indices, " indices but ",
+                         num_values, " values"),
+      checks.assert_that(inside, f"{what} have an index outside their dense shape")]
   with tf.control_dependencies(guards):
     return tf.sparse.reorder(tf.SparseTensor(tf.identity(sparse.indices), sparse.values,
                                              sparse.dense_shape))
@@ -124,6 +120,20 @@ def _same_rows(a, b):
   common = tf.minimum(length_a, length_b)
   return tf.logical_and(tf.equal(length_a, length_b),
                         tf.reduce_all(tf.equal(a[:common], b[:common])))
+
+
+def _ragged_weights_match(weights, splits, num_ids):
+  """Whether ragged `weights` have the ids' row `splits` (int64) and one
+  value per id: weights built with validate=False may hold more or fewer
+  values than their own splits say."""
+  return tf.logical_and(_same_rows(tf.cast(weights.row_splits, tf.int64), splits),
+                        tf.equal(tf.size(weights.values, out_type=tf.int64), num_ids))
+
+
+def _past_int64(values):
+  """Which uint64 `values` are 2^63 or more: the cast to int64 would wrap
+  them to negative ids."""
+  return values >= tf.constant(2**63, tf.uint64)
 
 
 def _float_weights(values, where):
@@ -177,8 +187,7 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
       # Their values too: weights built with validate=False may hold more
       # or fewer than their own splits say.
       guards = [checks.assert_that(
-          tf.logical_and(_same_rows(tf.cast(weights.row_splits, tf.int64), splits),
-                         tf.equal(tf.size(values, out_type=tf.int64), num_ids)),
+          _ragged_weights_match(weights, splits, num_ids),
           f"{where}: weights do not have the same row lengths as the ids")]
       with tf.control_dependencies(guards):
         # identity: a cast to its own dtype makes no op for the guard to hold.
@@ -395,22 +404,25 @@ def flat_features(feature_configs, tables, inputs, weights=None, gather_flags=No
 _REFUSED = ("nothing", "the input", "an id")
 
 
-def _valid_splits(splits, num_ids):
-  """Whether `splits` are row splits of `num_ids` values (what
-  `ops.check_row_splits` checks), computed without raising."""
-  return tf.logical_and(
-      tf.logical_and(tf.size(splits) >= 1, tf.reduce_all(splits[:1] == 0)),
-      tf.logical_and(tf.reduce_all(splits[1:] >= splits[:-1]),
-                     tf.reduce_all(splits[-1:] == num_ids)))
+def _sparse_structure(sparse):
+  """(index count, value count, whether they match, whether every index
+  lies inside the dense shape): what `_reordered` checks."""
+  num_indices = tf.shape(sparse.indices, out_type=tf.int64)[0]
+  num_values = tf.size(sparse.values, out_type=tf.int64)
+  inside = tf.reduce_all(tf.logical_and(sparse.indices >= 0,
+                                        sparse.indices < sparse.dense_shape))
+  return num_indices, num_values, tf.equal(num_indices, num_values), inside
 
 
 def _sparse_malformed(sparse):
   """Whether `_reordered` refuses `sparse`, computed without raising."""
-  num_indices = tf.shape(sparse.indices, out_type=tf.int64)[0]
-  fits = tf.logical_and(sparse.indices >= 0, sparse.indices < sparse.dense_shape)
-  return tf.logical_not(tf.logical_and(
-      tf.equal(num_indices, tf.size(sparse.values, out_type=tf.int64)),
-      tf.reduce_all(fits)))
+  _, _, counts_match, inside = _sparse_structure(sparse)
+  return tf.logical_not(tf.logical_and(counts_match, inside))
+
+
+def _values(ids):
+  """The ids a dense, ragged or sparse input holds, in any order."""
+  return ids.values if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else ids
 
 
 def _malformed(ids, weights, strings):
@@ -418,20 +430,18 @@ def _malformed(ids, weights, strings):
   bool scalar computed without raising; None where nothing can fail then).
   The checks made as it is built (kinds, ranks, dtypes) raise as it is
   built, before any exchange."""
-  values = ids.values if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else ids
+  values = _values(ids)
   if weights is not None and _kind(weights) != _kind(ids):
     weights = None  # refused as it is built
   bad = []
   if values.dtype == tf.uint64 and not strings:
-    bad.append(tf.reduce_any(values >= tf.constant(2**63, tf.uint64)))
+    bad.append(tf.reduce_any(_past_int64(values)))
   if isinstance(ids, tf.RaggedTensor):
     splits = tf.cast(ids.row_splits, tf.int64)
     num_ids = tf.size(values, out_type=tf.int64)
-    bad.append(tf.logical_not(_valid_splits(splits, num_ids)))
+    bad.append(tf.logical_not(checks.row_splits_valid(splits, num_ids)))
     if weights is not None:
-      bad.append(tf.logical_not(tf.logical_and(
-          _same_rows(tf.cast(weights.row_splits, tf.int64), splits),
-          tf.equal(tf.size(weights.values, out_type=tf.int64), num_ids))))
+      bad.append(tf.logical_not(_ragged_weights_match(weights, splits, num_ids)))
   elif isinstance(ids, tf.SparseTensor):
     bad.append(_sparse_malformed(ids))
     if weights is not None:
@@ -455,10 +465,10 @@ def _refusal(feature, table, ids, weights):
   if not (ids.dtype.is_integer or strings):
     return None  # a dtype refused as the step is built
   malformed = _malformed(ids, weights, strings=table.is_dynamic)
-  given = ids.values if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else ids
   # A pooled feature's flat ids are its values, reordered. (Neither the
   # cast nor the comparisons can fail, whatever the input's structure.)
-  refused = None if strings else table.refuses_ids(tf.reshape(tf.cast(given, tf.int64), [-1]))
+  refused = None if strings else table.refuses_ids(
+      tf.reshape(tf.cast(_values(ids), tf.int64), [-1]))
   if refused is not None and feature.output != "pooled":
     # A sequence feature's truncated ids are never looked up: its flat
     # ids, of a well-formed input only (a malformed one could fail to

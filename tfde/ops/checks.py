@@ -219,14 +219,25 @@ def check_row_splits(splits, num_ids, what):
   `num_ids`), naming `what`; eagerly it raises at once."""
   splits = index_tensor(splits, "row_splits")
   checks = check_rank(splits, 1, f"{what}: row splits")
+  with tf.control_dependencies(checks):
+    return assert_that(row_splits_valid(splits, num_ids), what,
+                       ": ragged ids have row splits that do not start at 0, "
+                       "never decrease and end at the number of ids")
+
+
+def row_splits_valid(splits, num_ids):
+  """Whether `splits` (a vector) are row splits over `num_ids` ids, as a
+  bool scalar: what `check_row_splits` asserts, for a caller that must
+  not raise.
+
+  >>> bool(row_splits_valid(tf.constant([0, 2, 2, 3]), 3))
+  True
+  """
   wide = tf.cast(splits, tf.int64)
-  valid = tf.logical_and(
+  return tf.logical_and(
       tf.logical_and(tf.size(wide) > 0, tf.reduce_all(tf.equal(wide[:1], 0))),
       tf.logical_and(tf.reduce_all(tf.equal(wide[-1:], tf.cast(num_ids, tf.int64))),
                      tf.reduce_all(wide[1:] >= wide[:-1])))
-  with tf.control_dependencies(checks):
-    return assert_that(valid, what, ": ragged ids have row splits that do not start at 0, "
-                       "never decrease and end at the number of ids")
 
 
 def check_scalars(values, names):
