@@ -33,6 +33,9 @@ BAD = {
         tf.SparseTensor([[0, 0], [1, 1]], [1.0, 2.0], [2, 2]))),
     "dense weights of another shape": (1, lambda: (
         tf.constant([[1, 2], [3, 4]], tf.int64), tf.constant([[1.0], [2.0]]))),
+    # Counted in int32 positions, 2^32 + 6 would wrap to 6 samples.
+    "a sparse batch of 2^32 + 6 samples": (1, lambda: (tf.SparseTensor(
+        [[0, 0], [5, 1]], tf.constant([1, 2], tf.int64), [2**32 + 6, 2]), None)),
     # Refused as given, before it is an int64 id.
     "a uint64 id of 2^63": (1, lambda: (tf.constant([[1, 2**63]], tf.uint64), None)),
     "an id past the table": (2, lambda: (tf.constant([[1, 10], [3, 4]], tf.int64), None)),
@@ -40,12 +43,13 @@ BAD = {
 }
 
 
-def _lookup(kind="pooled"):
-  """Feature a on table t1: 10 rows, pooled; "sequence": 2 ids a sample;
-  "dynamic": a dynamic table (string keys). Feature b on t2, 20 rows."""
+def _lookup(kind="pooled", length=2):
+  """Feature a on table t1: 10 rows, pooled; "sequence": `length` ids a
+  sample; "dynamic": a dynamic table (string keys). Feature b on t2, 20
+  rows."""
   a = tfde.FeatureConfig(name="a", table=tfde.TableConfig(
       name="t1", vocabulary_size=None if kind == "dynamic" else 10, embedding_dim=4,
-      combiner="mean"), max_sequence_length=2 if kind == "sequence" else None)
+      combiner="mean"), max_sequence_length=length if kind == "sequence" else None)
   b = tfde.FeatureConfig(name="b", table=tfde.TableConfig(
       name="t2", vocabulary_size=20, embedding_dim=4))
   return tfde.lookup.ShardedLookup({"a": a, "b": b})
@@ -115,6 +119,24 @@ def test_sparse_ids_with_fewer_values_than_indices_are_sent_then_raised():
 
   message = _error(lambda: run(indices, tf.constant([1], tf.int64)))
   assert "feature a (table t1): sparse ids have 2 indices but 1 values" in message, message
+  assert exchange.sent.numpy().tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("kind", ["dense", "ragged", "sparse"])
+def test_a_sequence_of_more_than_2_31_positions_is_sent_then_raised(kind, traced):
+  """2 samples of max_sequence_length 2^30: 2^31 positions, past the
+  int32 counts that make its splits (wrapped, they were none)."""
+  lookup = _lookup("sequence", length=2**30)
+  ids = {"dense": tf.constant([[1, 2], [3, 4]], tf.int64),
+         "ragged": tf.ragged.constant([[1, 2], [3]], tf.int64),
+         "sparse": tf.SparseTensor([[0, 0], [1, 1]], tf.constant([1, 2], tf.int64),
+                                   [2, 2])}[kind]
+  alone = _error(lambda: _stage0(lookup, ids, None, None, traced))
+  assert ("feature a (table t1): a batch of 2 samples of max_sequence_length "
+          "1073741824 holds more than 2147483647 positions") in alone, alone
+  exchange = StandIn()
+  assert _error(lambda: _stage0(lookup, ids, None, exchange, traced)) == alone
   assert exchange.sent.numpy().tolist() == [1, 0]
 
 

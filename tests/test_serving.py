@@ -220,6 +220,29 @@ def test_the_serving_lookup_matches_training_for_every_output_and_form(combiner)
     np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_the_serving_lookup_refuses_what_int32_counts_would_wrap():
+  """A sparse batch of 2^32 + 6 samples (wrapped: 6) and a sequence of
+  2^31 positions, refused naming the feature and table as in training."""
+  table = tfde.TableConfig(name="t", vocabulary_size=30, embedding_dim=4)
+  layer = tfde.layers.DistributedEmbedding({
+      "pooled": tfde.FeatureConfig(name="pooled", table=table),
+      "sequence": tfde.FeatureConfig(name="sequence", table=table,
+                                     max_sequence_length=2**30)})
+  good = {"pooled": tf.constant([[1, 2]], tf.int64), "sequence": tf.constant([[1, 2]], tf.int64)}
+  wide = tf.SparseTensor([[0, 0], [5, 1]], tf.constant([1, 2], tf.int64), [2**32 + 6, 2])
+  layer.serve_from({"t": tf.Variable(layer.tables["t"].state(keys=("table",))["table"])})
+  try:
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"feature pooled \(table t\): sparse ids have a batch "
+                             r"\(dense_shape\[0\]\) of 4294967302 samples"):
+      layer(dict(good, pooled=wide), training=False)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"feature sequence \(table t\): a batch of 2 samples"):
+      layer(dict(good, sequence=tf.constant([[1, 2], [3, 4]], tf.int64)), training=False)
+  finally:
+    layer.serve_from(None)
+
+
 def test_the_served_combine_keeps_huge_weights_finite():
   """Weights whose sum overflows float32: folded per id in float64, as the
   kernels and the twin fold them, not summed in float32 first."""

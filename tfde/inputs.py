@@ -97,6 +97,26 @@ def _reordered(sparse, what):
                                              sparse.dense_shape))
 
 
+# bincount counts into int32 positions: a sparse batch, or a sequence
+# feature's batch times its length, of more would wrap (2^32 + 6 samples
+# counted as 6) or fail naming nothing.
+_MAX_COUNTED = 2**31 - 1
+
+
+def _countable(batch, per_sample=1):
+  """Whether `batch` samples (an int64 scalar) of `per_sample` positions
+  each fit bincount's int32 lengths (no product formed: it could wrap)."""
+  return tf.logical_and(batch >= 0, batch <= _MAX_COUNTED // per_sample)
+
+
+def _bincount_length(size, countable):
+  """`size` (int64) as bincount's int32 length where `countable`, else 0.
+  Its refusal runs first, but a graph folds a constant size ahead of it:
+  wrapped, shape inference fails naming nothing; kept, Grappler folds a
+  2^31-long count."""
+  return tf.cast(tf.where(countable, size, 0), tf.int32)
+
+
 def _kind(value):
   if isinstance(value, tf.RaggedTensor):
     return "ragged"
@@ -203,9 +223,13 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
     inputs = _reordered(inputs, f"{where}: sparse ids")
     ids = _check_ids_dtype(inputs.values, where, strings)
     batch = inputs.dense_shape[0]
-    counts = tf.math.bincount(tf.cast(inputs.indices[:, 0], tf.int32),
-                              minlength=tf.cast(batch, tf.int32),
-                              maxlength=tf.cast(batch, tf.int32), dtype=tf.int64)
+    countable = _countable(batch)
+    with tf.control_dependencies([checks.assert_that(
+        countable, f"{where}: sparse ids have a batch (dense_shape[0]) of ",
+        batch, f" samples; at most {_MAX_COUNTED} are taken")]):
+      rows = tf.cast(inputs.indices[:, 0], tf.int32)
+    counts = tf.math.bincount(rows, minlength=_bincount_length(batch, countable),
+                              maxlength=_bincount_length(batch, countable), dtype=tf.int64)
     splits = tf.concat([[0], tf.cumsum(counts)], 0)
     w = None
     if weights is not None:
@@ -340,7 +364,8 @@ def flat_feature(feature, table, ids, weights, check_ids=True):
                        "features take none")
     # Before the id checks: truncated ids are never looked up.
     length = feature.max_sequence_length
-    flat_ids, splits, output_splits = unpool(ids, flat_ids, splits, length)
+    flat_ids, splits, output_splits = unpool(ids, flat_ids, splits, length,
+                                             describe(name, table.name))
   if check_ids:
     flat_ids = table.check_ids(flat_ids, name)
   return FlatFeature(name, table, flat_ids, splits, flat_weights, length, output_splits)
@@ -425,6 +450,17 @@ def _values(ids):
   return ids.values if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else ids
 
 
+def _batch_of(ids):
+  """The samples of a ragged, sparse or dense input (int64 scalar), as
+  `flatten_feature` counts them; None for a dense rank it refuses as it
+  is built."""
+  if isinstance(ids, tf.RaggedTensor):
+    return ids.nrows(out_type=tf.int64)
+  if isinstance(ids, tf.SparseTensor):
+    return ids.dense_shape[0]
+  return tf.shape(ids, out_type=tf.int64)[0] if ids.shape.rank in (1, 2) else None
+
+
 def _malformed(ids, weights, strings):
   """Whether `flatten_feature` refuses `ids` and `weights` when it runs (a
   bool scalar computed without raising; None where nothing can fail then).
@@ -444,6 +480,7 @@ def _malformed(ids, weights, strings):
       bad.append(tf.logical_not(_ragged_weights_match(weights, splits, num_ids)))
   elif isinstance(ids, tf.SparseTensor):
     bad.append(_sparse_malformed(ids))
+    bad.append(tf.logical_not(_countable(ids.dense_shape[0])))
     if weights is not None:
       either = tf.logical_or(bad[-1], _sparse_malformed(weights))
       # Their indices compare once sorted, which only well-formed ones can be.
@@ -465,6 +502,11 @@ def _refusal(feature, table, ids, weights):
   if not (ids.dtype.is_integer or strings):
     return None  # a dtype refused as the step is built
   malformed = _malformed(ids, weights, strings=table.is_dynamic)
+  batch = _batch_of(ids)
+  if feature.max_sequence_length is not None and batch is not None:
+    # unpool's own refusal, foreseen from the input's batch.
+    too_long = tf.logical_not(_countable(batch, feature.max_sequence_length))
+    malformed = too_long if malformed is None else tf.logical_or(malformed, too_long)
   # A pooled feature's flat ids are its values, reordered. (Neither the
   # cast nor the comparisons can fail, whatever the input's structure.)
   refused = None if strings else table.refuses_ids(
@@ -530,7 +572,7 @@ def _others_refused(flat, refused):
             for f in flat]
 
 
-def unpool(inputs, ids, row_splits, max_sequence_length):
+def unpool(inputs, ids, row_splits, max_sequence_length, where):
   """A sequence feature's flat ids as a pooled lookup computes them: one
   sample (of one id or none) per output row.
 
@@ -540,11 +582,13 @@ def unpool(inputs, ids, row_splits, max_sequence_length):
   to [batch, L, dim]. With None, each id is its own sample (the output's
   rows are the RaggedTensor's values). Returns (ids, row_splits,
   output_splits: the input's row splits for a ragged output, else None).
+  A batch of more than 2^31 - 1 positions (batch * L) is refused naming
+  `where` (the feature and table).
 
   >>> import tensorflow as tf
   >>> ids, splits, _ = unpool(tf.ragged.constant([[4, 5, 6], [7]]),
   ...                         tf.constant([4, 5, 6, 7], tf.int64),
-  ...                         tf.constant([0, 3, 4], tf.int64), 2)
+  ...                         tf.constant([0, 3, 4], tf.int64), 2, "feature f (table t)")
   >>> ids.numpy().tolist(), splits.numpy().tolist()
   ([4, 5, 7], [0, 1, 2, 3, 3])
   """
@@ -559,12 +603,16 @@ def unpool(inputs, ids, row_splits, max_sequence_length):
   segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
   slots = tf.boolean_mask(segment_ids * length + positions, keep)
   batch = tf.size(row_splits, out_type=tf.int64) - 1
+  countable = _countable(batch, max_sequence_length)
+  with tf.control_dependencies([checks.assert_that(
+      countable, f"{where}: a batch of ", batch,
+      f" samples of max_sequence_length {max_sequence_length} holds more than "
+      f"{_MAX_COUNTED} positions")]):
+    slots = tf.cast(slots, tf.int32)
   # Ids arrive in slot order (row-major), so counting them per slot gives
-  # the splits.
-  counts = tf.math.bincount(tf.cast(slots, tf.int32),
-                            minlength=tf.cast(batch * length, tf.int32),
-                            maxlength=tf.cast(batch * length, tf.int32),
-                            dtype=tf.int64)
+  # the splits. (batch * length cannot wrap in int64 where it is countable.)
+  size = _bincount_length(batch * length, countable)
+  counts = tf.math.bincount(slots, minlength=size, maxlength=size, dtype=tf.int64)
   return (tf.boolean_mask(ids, keep), tf.concat([[0], tf.cumsum(counts)], 0), None)
 
 

@@ -278,8 +278,8 @@ class DistributedEmbedding(keras.layers.Layer):
           raise ValueError(f"{inputs_lib.describe(f.name, f.table.name)}: weights "
                            f"are given but the feature is unpooled")
         length = f.max_sequence_length
-        ids, splits, output_splits = inputs_lib.unpool(inputs[f.name], ids, splits,
-                                                       length)
+        ids, splits, output_splits = inputs_lib.unpool(
+            inputs[f.name], ids, splits, length, inputs_lib.describe(f.name, f.table.name))
       served = tables[f.table.name]
       if f.table.is_dynamic:
         rows = served.lookup(ids)
