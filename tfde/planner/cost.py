@@ -421,7 +421,8 @@ def _row_split_load(stats, n, owners, per_worker=None):
 
 def _pooled_row_wise_load(stats, n, cross):
   """Row-wise, exchanging partial sums: each replica sends (N-1)/N of its
-  I ids (8 bytes and a 4-byte coefficient each) to their owners, and as
+  I ids (8 bytes and a 4-byte coefficient each, counted even where none
+  is sent: an unweighted sum in one process) to their owners, and as
   an owner sums its rows of every sample of the global batch; each owner
   sends each other replica its S samples' partial sums (4 D bytes a
   sample and feature), and in the backward each replica sends every
