@@ -105,17 +105,21 @@ def test_a_refused_input_is_sent_then_raised_with_its_own_error(case, traced):
   assert exchange.sent.numpy().tolist() == [code, 0]
 
 
-def test_sparse_ids_with_fewer_values_than_indices_are_sent_then_raised():
+@pytest.mark.parametrize("weighted", [False, True])
+def test_sparse_ids_with_fewer_values_than_indices_are_sent_then_raised(weighted):
   """Known only when the step runs (traced with unknown shapes): a
-  SparseTensor of known shapes refuses them as it is made."""
+  SparseTensor of known shapes refuses them as it is made. With good
+  weights, the ids' own refusal keeps their indices unsorted (sorting
+  them fails naming nothing)."""
   lookup = _lookup()
   exchange = StandIn()
   indices = tf.constant([[0, 0], [1, 0]], tf.int64)
+  weights = tf.SparseTensor(indices, [1.0, 2.0], [2, 2]) if weighted else None
 
   @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.int64),
                                 tf.TensorSpec([None], tf.int64)])
   def run(indices, values):
-    return _stage0(lookup, tf.SparseTensor(indices, values, [2, 2]), None, exchange, False)
+    return _stage0(lookup, tf.SparseTensor(indices, values, [2, 2]), weights, exchange, False)
 
   message = _error(lambda: run(indices, tf.constant([1], tf.int64)))
   assert "feature a (table t1): sparse ids have 2 indices but 1 values" in message, message
@@ -138,6 +142,31 @@ def test_a_sequence_of_more_than_2_31_positions_is_sent_then_raised(kind, traced
   exchange = StandIn()
   assert _error(lambda: _stage0(lookup, ids, None, exchange, traced)) == alone
   assert exchange.sent.numpy().tolist() == [1, 0]
+
+
+def test_a_sparse_input_of_another_rank_is_refused_as_it_is_built():
+  """Before any exchange, naming the feature, as without one (its batch,
+  dense_shape[0], is not read)."""
+  lookup = _lookup("sequence")
+  scalar = tf.SparseTensor(tf.zeros([1, 0], tf.int64), tf.constant([1], tf.int64),
+                           tf.zeros([0], tf.int64))
+  for exchange in (None, StandIn()):
+    with pytest.raises(ValueError, match=r"feature a \(table t1\): sparse ids must be "
+                                         r"\[batch, hotness\], got shape \(\)"):
+      _stage0(lookup, scalar, None, exchange, False)
+
+
+@pytest.mark.parametrize("batch, per_sample, countable", [
+    (2**31 - 1, 1, True), (2**31, 1, False), (0, 1, True), (-1, 1, False),
+    ((2**31 - 1) // 3, 3, True), ((2**31 - 1) // 3 + 1, 3, False),
+    (0, 2**40, True), (1, 2**40, False), (2**62, 2**30, False)])
+def test_countable_batches_are_those_of_at_most_2_31_minus_1_positions(
+    batch, per_sample, countable):
+  """numpy's exact product against the check, which forms none (2^62 *
+  2^30 would wrap in int64)."""
+  assert (0 <= batch and batch * per_sample <= 2**31 - 1) == countable
+  got = inputs_lib._countable(tf.constant(batch, tf.int64), per_sample)  # pylint: disable=protected-access
+  assert bool(got) == countable
 
 
 @pytest.mark.parametrize("traced", [False, True])

@@ -452,12 +452,12 @@ def _values(ids):
 
 def _batch_of(ids):
   """The samples of a ragged, sparse or dense input (int64 scalar), as
-  `flatten_feature` counts them; None for a dense rank it refuses as it
-  is built."""
+  `flatten_feature` counts them; None for a rank it refuses as it is
+  built."""
   if isinstance(ids, tf.RaggedTensor):
     return ids.nrows(out_type=tf.int64)
   if isinstance(ids, tf.SparseTensor):
-    return ids.dense_shape[0]
+    return ids.dense_shape[0] if ids.shape.rank == 2 else None
   return tf.shape(ids, out_type=tf.int64)[0] if ids.shape.rank in (1, 2) else None
 
 
@@ -479,10 +479,12 @@ def _malformed(ids, weights, strings):
     if weights is not None:
       bad.append(tf.logical_not(_ragged_weights_match(weights, splits, num_ids)))
   elif isinstance(ids, tf.SparseTensor):
-    bad.append(_sparse_malformed(ids))
-    bad.append(tf.logical_not(_countable(ids.dense_shape[0])))
+    ids_malformed = _sparse_malformed(ids)
+    bad.append(ids_malformed)
+    if ids.shape.rank == 2:  # (another rank is refused as it is built)
+      bad.append(tf.logical_not(_countable(ids.dense_shape[0])))
     if weights is not None:
-      either = tf.logical_or(bad[-1], _sparse_malformed(weights))
+      either = tf.logical_or(ids_malformed, _sparse_malformed(weights))
       # Their indices compare once sorted, which only well-formed ones can be.
       bad.append(tf.cond(either, lambda: tf.constant(True), lambda: tf.logical_not(
           _same_rows(tf.sparse.reorder(weights).indices, tf.sparse.reorder(ids).indices))))
