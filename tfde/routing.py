@@ -199,7 +199,10 @@ def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=No
   samples = tf.size(splits, out_type=tf.int32) - 1
   every_samples = comm.gather_flags(samples[None])[:, 0]
   me = comm.replica_id()
-  offset = tf.cast(tf.reduce_sum(every_samples[:me]), tf.int64)
+  # Summed in int64: each batch fits int32, the global batch need not.
+  every_batch = tf.cast(every_samples, tf.int64)
+  offset = tf.reduce_sum(every_batch[:me])
+  global_samples = tf.reduce_sum(every_batch)
   # The sample travels inside the id: with rows below 2^bits, (sample *
   # N * 2^bits + id) has the id's owner (mod N), and its quotient by N is
   # (sample * 2^bits + local row), so one partition and one exchange carry
@@ -215,7 +218,7 @@ def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=No
   # Received in increasing sample (each replica's ids keep their order in
   # a stable partition, and replica r's samples follow r - 1's), which the
   # op checks as it takes the row splits.
-  requested, row_splits = ops.split_sample_keys(received, tf.reduce_sum(every_samples), bits)
+  requested, row_splits = ops.split_sample_keys(received, global_samples, bits)
   unit = weights is None and combiner == "sum"
   if unit and not comm.replicas_in_own_processes:
     # One graph makes every replica's step: each owner knows it receives
