@@ -130,7 +130,7 @@ def test_sparse_ids_with_fewer_values_than_indices_are_sent_then_raised(weighted
 @pytest.mark.parametrize("kind", ["dense", "ragged", "sparse"])
 def test_a_sequence_of_more_than_2_31_positions_is_sent_then_raised(kind, traced):
   """2 samples of max_sequence_length 2^30: 2^31 positions, past the
-  int32 counts that make its splits (wrapped, they were none)."""
+  int32 counts that make its splits (wrapped: an unnamed bincount error)."""
   lookup = _lookup("sequence", length=2**30)
   ids = {"dense": tf.constant([[1, 2], [3, 4]], tf.int64),
          "ragged": tf.ragged.constant([[1, 2], [3]], tf.int64),
@@ -162,7 +162,7 @@ def test_a_sparse_input_of_another_rank_is_refused_as_it_is_built():
     (0, 2**40, True), (1, 2**40, False), (2**62, 2**30, False)])
 def test_countable_batches_are_those_of_at_most_2_31_minus_1_positions(
     batch, per_sample, countable):
-  """numpy's exact product against the check, which forms none (2^62 *
+  """Python's exact product against the check, which forms none (2^62 *
   2^30 would wrap in int64)."""
   assert (0 <= batch and batch * per_sample <= 2**31 - 1) == countable
   got = inputs_lib._countable(tf.constant(batch, tf.int64), per_sample)  # pylint: disable=protected-access

@@ -158,7 +158,8 @@ def sample_key_bits(row_space, num_shards):
   keys (`route_bags_to_owners`), or None where the keys would not fit.
 
   A key is `sample * N * 2^bits + fused id`; with `N * 2^bits` below 2^31
-  an int64 key holds 2^32 samples, more than an int32 batch can count.
+  an int64 key holds 2^32 samples of the global batch, more than the
+  exchanges take: their splits count in int32.
 
   >>> sample_key_bits(1000, 4), sample_key_bits(2**28, 4), sample_key_bits(2**28 + 1, 4)
   (10, 28, None)
@@ -199,7 +200,10 @@ def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=No
   samples = tf.size(splits, out_type=tf.int32) - 1
   every_samples = comm.gather_flags(samples[None])[:, 0]
   me = comm.replica_id()
-  # Summed in int64: each batch fits int32, the global batch need not.
+  # Summed in int64, so that no offset wraps silently. Past 2^31 - 1
+  # samples is still not supported: tf.size above counts a group's fused
+  # batch in int32 (in a graph it refuses more; eagerly it wraps), and the
+  # exchanges' splits count in int32.
   every_batch = tf.cast(every_samples, tf.int64)
   offset = tf.reduce_sum(every_batch[:me])
   global_samples = tf.reduce_sum(every_batch)
