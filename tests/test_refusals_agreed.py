@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tfde
+from tfde import input_checks
 from tfde import inputs as inputs_lib
 from tests.test_bad_batches import _unchecked_ragged
 
@@ -165,7 +166,7 @@ def test_countable_batches_are_those_of_at_most_2_31_minus_1_positions(
   """Python's exact product against the check, which forms none (2^62 *
   2^30 would wrap in int64)."""
   assert (0 <= batch and batch * per_sample <= 2**31 - 1) == countable
-  got = inputs_lib._countable(tf.constant(batch, tf.int64), per_sample)  # pylint: disable=protected-access
+  got = input_checks.counts_fit(tf.constant(batch, tf.int64), per_sample)
   assert bool(got) == countable
 
 

@@ -16,6 +16,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfde import input_checks
 from tfde import ops
 from tfde.ops import checks
 from tfde.ops import reference
@@ -75,7 +76,7 @@ def _check_ids_dtype(ids, where, strings=False):
     # check would show wrapped: refuse them here, as given. (A dynamic
     # table's keys are any 64 bits: there the cast is a bijection.)
     flat = tf.reshape(ids, [-1])
-    none, i, value = checks.first_offender(_past_int64(flat), flat)
+    none, i, value = checks.first_offender(input_checks.past_int64(flat), flat)
     guard = checks.assert_that(none, where, ": id ", value, " at position ", i,
                                " is out of range: the ids of a table are below 2^63")
     with tf.control_dependencies([guard]):
@@ -87,7 +88,7 @@ def _reordered(sparse, what):
   """`tf.sparse.reorder(sparse)`, once its indices are checked against its
   values and dense shape (refused naming `what`: SparseReorder's own error
   names no feature)."""
-  num_indices, num_values, counts_match, inside = _sparse_structure(sparse)
+  num_indices, num_values, counts_match, inside = input_checks.sparse_structure(sparse)
   guards = [
       checks.assert_that(counts_match, what, " have ", num_indices, " indices but ",
                          num_values, " values"),
@@ -95,65 +96,6 @@ def _reordered(sparse, what):
   with tf.control_dependencies(guards):
     return tf.sparse.reorder(tf.SparseTensor(tf.identity(sparse.indices), sparse.values,
                                              sparse.dense_shape))
-
-
-# bincount counts into int32 positions: a sparse batch, or a sequence
-# feature's batch times its length, of more would wrap (2^32 + 6 samples
-# counted as 6) or fail naming nothing.
-_MAX_COUNTED = 2**31 - 1
-
-
-def _countable(batch, per_sample=1):
-  """Whether `batch` samples (an int64 scalar) of `per_sample` positions
-  each fit bincount's int32 lengths (no product formed: it could wrap)."""
-  return tf.logical_and(batch >= 0, batch <= _MAX_COUNTED // per_sample)
-
-
-def _bincount_length(size, countable):
-  """`size` (int64) as bincount's int32 length where `countable`, else 0.
-  Its refusal runs first, but a graph folds a constant size ahead of it:
-  wrapped, shape inference fails naming nothing; kept, Grappler folds a
-  2^31-long count."""
-  return tf.cast(tf.where(countable, size, 0), tf.int32)
-
-
-def _kind(value):
-  if isinstance(value, tf.RaggedTensor):
-    return "ragged"
-  if isinstance(value, tf.SparseTensor):
-    return "sparse"
-  return "dense"
-
-
-def _same_rows(a, b):
-  """Whether `a` and `b` (int tensors of one rank, rows along axis 0) are
-  equal: False, not a shape error naming neither feature nor table, where
-  their lengths differ, statically or not.
-
-  >>> print(bool(_same_rows(tf.constant([0, 2, 3]), tf.constant([0, 2]))))
-  False
-  """
-  if a.shape[0] is not None and b.shape[0] is not None:  # known when traced
-    return (tf.reduce_all(tf.equal(a, b)) if a.shape[0] == b.shape[0]
-            else tf.constant(False))
-  length_a, length_b = tf.shape(a)[0], tf.shape(b)[0]
-  common = tf.minimum(length_a, length_b)
-  return tf.logical_and(tf.equal(length_a, length_b),
-                        tf.reduce_all(tf.equal(a[:common], b[:common])))
-
-
-def _ragged_weights_match(weights, splits, num_ids):
-  """Whether ragged `weights` have the ids' row `splits` (int64) and one
-  value per id: weights built with validate=False may hold more or fewer
-  values than their own splits say."""
-  return tf.logical_and(_same_rows(tf.cast(weights.row_splits, tf.int64), splits),
-                        tf.equal(tf.size(weights.values, out_type=tf.int64), num_ids))
-
-
-def _past_int64(values):
-  """Which uint64 `values` are 2^63 or more: the cast to int64 would wrap
-  them to negative ids."""
-  return values >= tf.constant(2**63, tf.uint64)
 
 
 def _float_weights(values, where):
@@ -184,9 +126,9 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
   reference backend) in training.
   """
   where = describe(feature_name, table_name)
-  if weights is not None and _kind(weights) != _kind(inputs):
-    raise ValueError(f"{where}: weights are {_kind(weights)} but the ids are "
-                     f"{_kind(inputs)}; they must match")
+  if weights is not None and input_checks.input_kind(weights) != input_checks.input_kind(inputs):
+    raise ValueError(f"{where}: weights are {input_checks.input_kind(weights)} but the ids are "
+                     f"{input_checks.input_kind(inputs)}; they must match")
   if isinstance(inputs, tf.RaggedTensor):
     if inputs.ragged_rank != 1 or inputs.shape.rank != 2:
       raise ValueError(f"{where}: ragged ids must be [batch, (hotness)], got "
@@ -207,7 +149,7 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
       # Their values too: weights built with validate=False may hold more
       # or fewer than their own splits say.
       guards = [checks.assert_that(
-          _ragged_weights_match(weights, splits, num_ids),
+          input_checks.ragged_weights_match(weights, splits, num_ids),
           f"{where}: weights do not have the same row lengths as the ids")]
       with tf.control_dependencies(guards):
         # identity: a cast to its own dtype makes no op for the guard to hold.
@@ -223,14 +165,10 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
     inputs = _reordered(inputs, f"{where}: sparse ids")
     ids = _check_ids_dtype(inputs.values, where, strings)
     batch = inputs.dense_shape[0]
-    countable = _countable(batch)
-    with tf.control_dependencies([checks.assert_that(
-        countable, f"{where}: sparse ids have a batch (dense_shape[0]) of ",
-        batch, f" samples; at most {_MAX_COUNTED} are taken")]):
-      rows = tf.cast(inputs.indices[:, 0], tf.int32)
-    counts = tf.math.bincount(rows, minlength=_bincount_length(batch, countable),
-                              maxlength=_bincount_length(batch, countable), dtype=tf.int64)
-    splits = tf.concat([[0], tf.cumsum(counts)], 0)
+    # Reordered, the ids arrive by row.
+    splits = _splits_by_slot(inputs.indices[:, 0], batch, input_checks.counts_fit(batch), (
+        f"{where}: sparse ids have a batch (dense_shape[0]) of ", batch,
+        f" samples; at most {input_checks.MAX_COUNTED} are taken"))
     w = None
     if weights is not None:
       if weights.shape.rank != 2:
@@ -239,7 +177,7 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
       weights = _reordered(weights, f"{where}: sparse weights")
       values = _float_weights(weights.values, where)
       guards = [checks.assert_that(
-          _same_rows(weights.indices, inputs.indices),
+          input_checks.same_rows(weights.indices, inputs.indices),
           f"{where}: weights do not have the same indices as the ids")]
       with tf.control_dependencies(guards):
         # identity: a cast to its own dtype makes no op for the guard to hold.
@@ -263,7 +201,7 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
       raise ValueError(f"{where}: weights have shape {weights.shape} but the "
                        f"ids have shape {inputs.shape}")
     guards = [checks.assert_that(
-        _same_rows(tf.shape(weights), tf.shape(inputs)),
+        input_checks.same_rows(tf.shape(weights), tf.shape(inputs)),
         f"{where}: weights have shape ", tf.shape(weights),
         " but the ids have shape ", tf.shape(inputs))]
     with tf.control_dependencies(guards):
@@ -429,70 +367,6 @@ def flat_features(feature_configs, tables, inputs, weights=None, gather_flags=No
 _REFUSED = ("nothing", "the input", "an id")
 
 
-def _sparse_structure(sparse):
-  """(index count, value count, whether they match, whether every index
-  lies inside the dense shape): what `_reordered` checks."""
-  num_indices = tf.shape(sparse.indices, out_type=tf.int64)[0]
-  num_values = tf.size(sparse.values, out_type=tf.int64)
-  inside = tf.reduce_all(tf.logical_and(sparse.indices >= 0,
-                                        sparse.indices < sparse.dense_shape))
-  return num_indices, num_values, tf.equal(num_indices, num_values), inside
-
-
-def _sparse_malformed(sparse):
-  """Whether `_reordered` refuses `sparse`, computed without raising."""
-  _, _, counts_match, inside = _sparse_structure(sparse)
-  return tf.logical_not(tf.logical_and(counts_match, inside))
-
-
-def _values(ids):
-  """The ids a dense, ragged or sparse input holds, in any order."""
-  return ids.values if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else ids
-
-
-def _batch_of(ids):
-  """The samples of a ragged, sparse or dense input (int64 scalar), as
-  `flatten_feature` counts them; None for a rank it refuses as it is
-  built."""
-  if isinstance(ids, tf.RaggedTensor):
-    return ids.nrows(out_type=tf.int64)
-  if isinstance(ids, tf.SparseTensor):
-    return ids.dense_shape[0] if ids.shape.rank == 2 else None
-  return tf.shape(ids, out_type=tf.int64)[0] if ids.shape.rank in (1, 2) else None
-
-
-def _malformed(ids, weights, strings):
-  """Whether `flatten_feature` refuses `ids` and `weights` when it runs (a
-  bool scalar computed without raising; None where nothing can fail then).
-  The checks made as it is built (kinds, ranks, dtypes) raise as it is
-  built, before any exchange."""
-  values = _values(ids)
-  if weights is not None and _kind(weights) != _kind(ids):
-    weights = None  # refused as it is built
-  bad = []
-  if values.dtype == tf.uint64 and not strings:
-    bad.append(tf.reduce_any(_past_int64(values)))
-  if isinstance(ids, tf.RaggedTensor):
-    splits = tf.cast(ids.row_splits, tf.int64)
-    num_ids = tf.size(values, out_type=tf.int64)
-    bad.append(tf.logical_not(checks.row_splits_valid(splits, num_ids)))
-    if weights is not None:
-      bad.append(tf.logical_not(_ragged_weights_match(weights, splits, num_ids)))
-  elif isinstance(ids, tf.SparseTensor):
-    ids_malformed = _sparse_malformed(ids)
-    bad.append(ids_malformed)
-    if ids.shape.rank == 2:  # (another rank is refused as it is built)
-      bad.append(tf.logical_not(_countable(ids.dense_shape[0])))
-    if weights is not None:
-      either = tf.logical_or(ids_malformed, _sparse_malformed(weights))
-      # Their indices compare once sorted, which only well-formed ones can be.
-      bad.append(tf.cond(either, lambda: tf.constant(True), lambda: tf.logical_not(
-          _same_rows(tf.sparse.reorder(weights).indices, tf.sparse.reorder(ids).indices))))
-  elif weights is not None:
-    bad.append(tf.logical_not(_same_rows(tf.shape(weights), tf.shape(ids))))
-  return tf.reduce_any(tf.stack(bad)) if bad else None
-
-
 def _refusal(feature, table, ids, weights):
   """This replica's refusal of `feature`'s input (its `ids` and `weights`
   as given), computed without raising: an int32 scalar indexing
@@ -503,16 +377,16 @@ def _refusal(feature, table, ids, weights):
   strings = ids.dtype == tf.string and table.is_dynamic  # keys: no id is refused
   if not (ids.dtype.is_integer or strings):
     return None  # a dtype refused as the step is built
-  malformed = _malformed(ids, weights, strings=table.is_dynamic)
-  batch = _batch_of(ids)
-  if feature.max_sequence_length is not None and batch is not None:
+  malformed = input_checks.malformed(ids, weights, strings=table.is_dynamic)
+  batch = None if feature.max_sequence_length is None else input_checks.batch_of(ids)
+  if batch is not None:
     # unpool's own refusal, foreseen from the input's batch.
-    too_long = tf.logical_not(_countable(batch, feature.max_sequence_length))
+    too_long = tf.logical_not(input_checks.counts_fit(batch, feature.max_sequence_length))
     malformed = too_long if malformed is None else tf.logical_or(malformed, too_long)
   # A pooled feature's flat ids are its values, reordered. (Neither the
   # cast nor the comparisons can fail, whatever the input's structure.)
   refused = None if strings else table.refuses_ids(
-      tf.reshape(tf.cast(_values(ids), tf.int64), [-1]))
+      tf.reshape(tf.cast(input_checks.values_of(ids), tf.int64), [-1]))
   if refused is not None and feature.output != "pooled":
     # A sequence feature's truncated ids are never looked up: its flat
     # ids, of a well-formed input only (a malformed one could fail to
@@ -574,6 +448,18 @@ def _others_refused(flat, refused):
             for f in flat]
 
 
+def _splits_by_slot(slots, num_slots, countable, refusal):
+  """The [num_slots + 1] row splits of ids that arrive in slot order,
+  `slots` (int64) holding each id's slot; counted in int32 (bincount), so
+  refused with the message parts `refusal` where not `countable`
+  (`input_checks.counts_fit`)."""
+  with tf.control_dependencies([checks.assert_that(countable, *refusal)]):
+    slots = tf.cast(slots, tf.int32)
+  length = input_checks.bincount_length(num_slots, countable)
+  counts = tf.math.bincount(slots, minlength=length, maxlength=length, dtype=tf.int64)
+  return tf.concat([[0], tf.cumsum(counts)], 0)
+
+
 def unpool(inputs, ids, row_splits, max_sequence_length, where):
   """A sequence feature's flat ids as a pooled lookup computes them: one
   sample (of one id or none) per output row.
@@ -605,17 +491,13 @@ def unpool(inputs, ids, row_splits, max_sequence_length, where):
   segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
   slots = tf.boolean_mask(segment_ids * length + positions, keep)
   batch = tf.size(row_splits, out_type=tf.int64) - 1
-  countable = _countable(batch, max_sequence_length)
-  with tf.control_dependencies([checks.assert_that(
-      countable, f"{where}: a batch of ", batch,
-      f" samples of max_sequence_length {max_sequence_length} holds more than "
-      f"{_MAX_COUNTED} positions")]):
-    slots = tf.cast(slots, tf.int32)
-  # Ids arrive in slot order (row-major), so counting them per slot gives
-  # the splits. (batch * length cannot wrap in int64 where it is countable.)
-  size = _bincount_length(batch * length, countable)
-  counts = tf.math.bincount(slots, minlength=size, maxlength=size, dtype=tf.int64)
-  return (tf.boolean_mask(ids, keep), tf.concat([[0], tf.cumsum(counts)], 0), None)
+  # Ids arrive in slot order (row-major). (batch * length cannot wrap in
+  # int64 where it is countable.)
+  splits = _splits_by_slot(slots, batch * length,
+                           input_checks.counts_fit(batch, max_sequence_length), (
+      f"{where}: a batch of ", batch, f" samples of max_sequence_length "
+      f"{max_sequence_length} holds more than {input_checks.MAX_COUNTED} positions"))
+  return tf.boolean_mask(ids, keep), splits, None
 
 
 def shape_output(feature, out):

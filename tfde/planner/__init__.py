@@ -45,8 +45,8 @@ width D on N replicas:
   ids per sample): each replica sends (N-1)/N of its I ids (8 bytes and
   a 4-byte coefficient each; an unweighted sum's ones are not sent where
   one process runs every replica, but the planner, which does not know
-  the inputs' weights, counts them: an upper bound); each owner sends each other replica, per
-  feature, its S samples' partial sums (4 D bytes a sample), and in the
+  the inputs' weights, counts them: an upper bound); each owner sends
+  each other replica, per feature, its S samples' partial sums (4 D bytes a sample), and in the
   backward each replica sends each other its output gradients (as
   many); 5 collective rounds in the forward, against the rows' 3. Fewer
   bytes where U is several times N S, more at many replicas or few ids
