@@ -159,14 +159,26 @@ def layout_case():
   # Bad ids: an error naming the feature and table; no table changes.
   before = {n: t.full_table() for n, t in layer.tables.items()}
   ids, weights, _ = dense_inputs(mesh, h.make_batch(0, weighted=False))
-  def error_of(ids):
-    try:
-      outputs = tf.function(layer)(ids)
-      # DTensor runs asynchronously: the error arrives with the result.
-      dtensor.relayout(outputs["b_sparse"], dtensor.Layout.replicated(mesh, 2)).numpy()
-      return None
-    except tf.errors.InvalidArgumentError as e:
-      return e.message
+  report["cancelled_calls"] = 0
+  def error_of(ids, tries=5):
+    for _ in range(tries):
+      try:
+        outputs = tf.function(layer)(ids)
+        # DTensor runs asynchronously: the error arrives with the result.
+        dtensor.relayout(outputs["b_sparse"], dtensor.Layout.replicated(mesh, 2)).numpy()
+        return None
+      except tf.errors.InvalidArgumentError as e:
+        return e.message
+      except tf.errors.CancelledError:
+        # Every device fails the check, but one that fails it first cancels
+        # a collective another device is still in, and DTensor may report
+        # that device's CancelledError (the check's own error is then in
+        # the log only). Measured beside five busy processes: 25 of 300
+        # calls, and 26 of 300 with every check moved ahead of every other
+        # collective (notes/session26/dtensor_error_race.txt). Each call
+        # is a fresh draw of that race, so the call is repeated.
+        report["cancelled_calls"] += 1
+    return f"CancelledError in each of {tries} calls"
 
   report["bad_id_error"] = error_of(
       dict(ids, b_sparse=pack(mesh, [[50, 1]] * h.GLOBAL_BATCH, tf.int64)))

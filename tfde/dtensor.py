@@ -44,6 +44,12 @@ Inputs are DTensors sharded on their batch dimension over `mesh_dim`:
 dense int ids of shape [B] or [B, H], with -1 padding the ragged samples
 (`dtensor.pack` takes dense tensors only), and optional float weights of
 the same shape. Outputs are [B, D] DTensors sharded the same way.
+
+Ids outside [0, V) (-1 pads) are refused by a check that every device runs
+on the gathered ids, naming the feature and table. A device that fails it
+first cancels the collectives the others are still in, and DTensor may
+raise one of their CancelledErrors instead; the named error is then in the
+log only (the README's DTensor section has the measurement).
 """
 
 import numpy as np
