@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -86,6 +87,9 @@ def test_each_device_holds_its_own_shard_and_bad_ids_are_refused(layout_and_chec
   assert "uint64 id of 2^63 or more" in report["uint64_error"]
   assert report["unchanged"]
   assert report["uint64_rows_equal"]
+  if report["cancelled_calls"]:
+    warnings.warn(f"{report['cancelled_calls']} refused DTensor call(s) ended in "
+                  "a CancelledError and were repeated (README: DTensor, Known limit)")
 
 
 @needs_tf_keras

@@ -47,9 +47,11 @@ the same shape. Outputs are [B, D] DTensors sharded the same way.
 
 Ids outside [0, V) (-1 pads) are refused by a check that every device runs
 on the gathered ids, naming the feature and table. A device that fails it
-first cancels the collectives the others are still in, and DTensor may
-raise one of their CancelledErrors instead; the named error is then in the
-log only (the README's DTensor section has the measurement).
+first cancels the collectives the others are still in, and DTensor's
+default (asynchronous) device may raise one of their CancelledErrors
+instead; the named error is then in the log only. A synchronous DTensor
+device reports the named error (the README's DTensor section has the
+measurements).
 """
 
 import numpy as np
