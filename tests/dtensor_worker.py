@@ -170,15 +170,10 @@ def layout_case():
       except tf.errors.InvalidArgumentError as e:
         return e.message
       except tf.errors.CancelledError as e:
-        # Every device fails the check, but one that fails it first cancels
-        # a collective another device is still in, and DTensor's default
-        # asynchronous device may report that device's CancelledError (the
-        # check's own error is then in the log only). Measured beside five
-        # busy processes: 2% to 9% of calls, as often with every check
-        # moved ahead of every other collective; never on a synchronous
-        # device (notes/session26/dtensor_error_race.txt). Users run the
-        # asynchronous one, so this tests it, and repeats a cancelled call:
-        # each is a fresh draw of that race.
+        # DTensor's asynchronous device can report another device's
+        # cancelled collective instead of the check (README: DTensor,
+        # Known limit). Users run that device, so this tests it, and a
+        # cancelled call is a fresh draw of the race: repeated.
         report["cancelled_calls"] += 1
         last = e.message
     return f"CancelledError in each of {tries} calls; the last: {last}"
