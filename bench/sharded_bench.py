@@ -104,7 +104,7 @@ def time_interleaved(runs, reps):
   first run's). Every round times one step of each run in turn, so that a slower or busier
   spell of the machine falls on every run alike rather than on whichever
   ran then (timed one run after another, the 4-replica ratio of three runs
-  on one quiet host was 1.23, 1.33 and 1.20: notes/session22/)."""
+  on one quiet host was 1.23, 1.33 and 1.20)."""
   times = [[] for _ in runs]
   for k in range(reps):
     # Each round starts at another run, so none always follows the same one.

@@ -105,7 +105,7 @@ def replica_train_step(strategy, lookup):
   a plain sum is ones of a static shape, a constant, and TensorFlow's
   constant folding then runs the backward's exchange of it once, while
   optimizing the graph, instead of in every step, which a real loss never
-  allows (notes/session21/horovod_hang.txt)."""
+  allows."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   @tf.function

@@ -123,7 +123,7 @@ inline void ParallelFor(tensorflow::OpKernelContext* ctx, int64_t total,
 // known when compiled) keeps its sums in registers: GCC's unroll-and-jam
 // otherwise fuses two entries' inner loops into one scalar loop through
 // memory, which made the bag sums of the optimizers' updates slower than at
-// a run-time width (notes/session15/unroll_and_jam.txt).
+// a run-time width (bench/ops_bench.py, GCC 12).
 #if defined(__GNUC__) && !defined(__clang__)
 #define TFDE_NO_UNROLL_AND_JAM __attribute__((optimize("no-loop-unroll-and-jam")))
 #else
@@ -177,7 +177,7 @@ inline int NumWorkerThreads(tensorflow::OpKernelContext* ctx) {
 // overlaps its memory (and page-walk) latency with the work on the rows
 // before it. Always inlined: GCC finds a call of it free of side effects
 // (a prefetch changes nothing a program can read) and, where it has not
-// inlined it early, deletes the call (notes/session15/prefetch_dropped.txt).
+// inlined it early, deletes the call (seen in GCC 12's output).
 __attribute__((always_inline)) inline void PrefetchRow(const void* row, int64_t bytes,
                                                        bool for_write) {
   const char* p = static_cast<const char*>(row);
@@ -195,14 +195,14 @@ constexpr int64_t kPrefetchDistance = 16;
 // The combine's: its loop does less per row (a sum), so a row must be asked
 // for further ahead to arrive in time (32 against 16: 4.2 against 5.4 ms
 // for the bench's 327,680 ids of 64 floats, one thread;
-// notes/session13/combine_micro.cc).
+// a combine microbenchmark).
 constexpr int64_t kCombinePrefetchDistance = 32;
 
 // Calls fn(std::integral_constant<int, W>()) with W = dim for the common
 // row widths, W = 0 for any other (known only at run time). A loop over a
 // row whose width is known when compiled keeps the row's sums in
 // registers; at a run-time width they go through memory, which costs about
-// twice as much per row read (notes/session13/combine_micro.cc).
+// twice as much per row read (a combine microbenchmark).
 template <typename Fn>
 void WithCompiledWidth(int64_t dim, const Fn& fn) {
   switch (dim) {

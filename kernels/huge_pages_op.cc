@@ -4,7 +4,7 @@
 // Embedding tables are read and updated a row at a time at random, so most
 // accesses miss the TLB; with 4 KiB pages a 256 MB table spans 65,536 page
 // table entries, with 2 MiB pages 128 (bench/ops_bench.py: the forward 6.9
-// -> 5.3 to 6.0 ms with its tables advised, notes/session9). TensorFlow
+// -> 5.3 to 6.0 ms with its tables advised). TensorFlow
 // allocates a variable's buffer and writes it in the same op, so the advice
 // comes after the first touch: MADV_HUGEPAGE marks the range, MADV_COLLAPSE
 // (Linux 6.1 and later) moves what is already there. Advice only: where

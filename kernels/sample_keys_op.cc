@@ -12,7 +12,7 @@
 // ids of the splits (tf.repeat), a product and a sum; and a mask, a shift,
 // and a bincount and cumsum (or a searchsorted) for the splits: about 0.4
 // ms each side for 82k ids, per replica and step
-// (notes/session22/row_splits_micro.py). CPU only: elsewhere the twins run.
+// (a microbenchmark against the twin's ops). CPU only: elsewhere the twins run.
 
 #define EIGEN_USE_THREADS
 

@@ -11,7 +11,7 @@
 // of the words ranks them, and every id's index is its rank. The unique ids
 // come out in row order, so the optimizer that follows walks each table's
 // rows in address order (about a third less time for the bench's lazy Adam
-// rows than in first-appearance order; notes/session12). Where the range
+// rows than in first-appearance order, bench/ops_bench.py). Where the range
 // is far wider than the ids, (id, position) pairs are sorted instead.
 
 #define EIGEN_USE_THREADS

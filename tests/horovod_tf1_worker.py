@@ -66,7 +66,7 @@ def main():
       # The train op alone, which reaches no forward output: this hung
       # where a rank holds none of a group's rows (the session skipped an
       # exchange its fetches did not reach, which the peer waited in;
-      # notes/session22/tf1_train_only.txt). Estimators fetch the loss too.
+      # it once hung so). Estimators fetch the loss too.
       sess.run(train)
     after = sess.run(probe)
   np.savez(os.path.join(args.out, f"tf1_{args.plan}_{rank}.npz"),

@@ -441,8 +441,8 @@ def test_keras_fit_predict_save_load_and_serve(tmp_path):
 def test_rows_wider_than_2_to_the_31_floats_are_refused_by_spec_and_kernel(dim, slots):
   """A row (embedding and slots) of 2^31 floats or more is refused before
   anything is made, by the spec (both backends) and by the kernel itself.
-  (The kernel took 2^40 floats and the twin's Fill refused it: the fuzz
-  harness's finding of session 22.)"""
+  (The kernel took 2^40 floats and the twin's Fill refused it: a fuzz
+  harness's finding.)"""
   with pytest.raises(ValueError, match=f"dim = {dim} with {1 + len(slots)} slots is too "
                      "wide a row: at most 2147483647 floats"):
     tfde.ops.DynamicTableSpec(dim=dim, slot_initial_values=slots)

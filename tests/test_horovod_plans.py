@@ -8,7 +8,7 @@ constants while optimizing the graph (each rank at its own moment, so the
 ranks block in each other's optimizers), and the dependency optimizer turns
 one whose results feed only control edges into a no-op (that rank never
 joins, and its peers wait forever). Both hung real `horovodrun` jobs where
-a rank holds none of a group's rows (notes/session21/horovod_hang.txt).
+a rank holds none of a group's rows.
 
 Here a stand-in for `horovod.tensorflow` makes each collective a stateless
 op, as Horovod's are, and the traced step is optimized by Grappler as a
@@ -213,8 +213,8 @@ def test_tf1_graph_under_horovod_trains_a_plan(tmp_path, plan):
   trains 3 SGD steps of the sum of the outputs, and every row of both
   tables (probed through the lookup on each rank) moves as numpy says:
   by the learning rate times the id's count in both ranks' batches.
-  The train op is fetched alone, which hung before session 23
-  (notes/session22/tf1_train_only.txt)."""
+  The train op is fetched alone, which once hung (the session skipped
+  an exchange its fetches did not reach)."""
   steps, w = 3, horovod_tf1_worker
   _horovodrun(tmp_path, ["tests.horovod_tf1_worker", "--plan", plan, "--steps", str(steps),
                          "--out", str(tmp_path)])

@@ -288,7 +288,7 @@ class DistributedEmbedding(keras.layers.Layer):
                                         f.table.name)
         # GatherNd, not Gather: the same rows, and TensorFlow's CPU GatherNd
         # kernel copies them about a third faster (the export's forward:
-        # 13 to 10 ms in notes/session19/served_gather_nd.py).
+        # 13 to 10 ms, bench/forward_bench.py).
         rows = tf.gather_nd(served, ids[:, None])
       rows = tf.cast(rows, tf.float32)  # reduced-precision rows combine in float32
       if f.table.max_norm is not None:

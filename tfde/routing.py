@@ -107,9 +107,9 @@ def gradients_to_owners(comm, answer_grad, routed, device=None, row_space=None,
   Row order pays only with the bags: the update then walks the rows in
   address order and reads the received gradients in place. Summing into
   a matrix in row order writes it out of order, which was slower
-  (notes/session13/owner_order_ab.txt: 47.6 against 39.9 ms at two
-  replicas); bags in first-appearance order gained nothing beyond the noise
-  (session 13); both together did (notes/session16/replica_ab_owner_bags.txt).
+  (bench/sharded_bench.py: 47.6 against 39.9 ms at two
+  replicas); bags in first-appearance order gained nothing beyond the
+  noise; both together did.
   """
   if routed.plan is None:
     return routed.requested, answer_grad

@@ -42,7 +42,7 @@ class HorovodCommunicator(Communicator):
     output gradient of ones), TensorFlow's constant folding runs the
     collective while optimizing the graph, on each rank at its own moment
     and in its own order, and the ranks block in each other's optimizers
-    (notes/session21/horovod_hang.txt). Splits computed from a variable's
+    (real `horovodrun` jobs hung so). Splits computed from a variable's
     value are never folded: `zero_from(bytes sent)` is 0, which no optimizer
     can tell. The read is ordered only among the counter's own updates; a
     stateful identity would join the chain of every stateful op of the

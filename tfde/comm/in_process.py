@@ -142,7 +142,7 @@ class MirroredCommunicator(Communicator):
     # Each device concatenates every replica's data, without the N tiled
     # copies that all_to_all would send (the pooled exchange's output
     # gradients: 12 Tile ops and about 1 ms of a 4-replica step's kernel
-    # time, notes/session22/replica_profile_4_all.txt).
+    # time in a profile of bench/sharded_bench.py).
     del plan
     n = self.num_replicas  # more than one: one replica gets a LocalCommunicator
 

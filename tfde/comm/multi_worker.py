@@ -112,7 +112,7 @@ class MultiWorkerCommunicator(Communicator):
     # one concat: one copy of the data (the split shares its input's buffer
     # where each piece stays aligned, as rows of 64-byte multiples do),
     # where a scatter into the padded buffer took 2.8x as long
-    # (notes/session16/padding_micro.txt).
+    # (a microbenchmark of the two, 2-process MWMS on CPU).
     padding = chunk - send_counts
     pieces = []
     for j, part in enumerate(tf.split(data, send_counts, num=n)):

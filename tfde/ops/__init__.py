@@ -341,7 +341,7 @@ def unique_rows(rows, num_rows, device=None):
   """
   # The bitmap's passes grow with the row space, the hash's with the rows:
   # for the bench's 327,680 ids in a 40M-row group (122 rows an id) the
-  # bitmap took 8.5 ms, the hash 6.1 (session 12), so past about 32 rows an
+  # bitmap took 8.5 ms, the hash 6.1 (bench/ops_bench.py), so past about 32 rows an
   # id the hash is taken. On a GPU the range's dedup is a hash
   # dedup and a sort (`sorted_unique_in_range`), and the updates there read
   # a matrix, whatever its order.

@@ -196,7 +196,7 @@ def one_read_from(tensors):
   Horovod's collectives are not stateful ops, so Grappler's dependency
   optimizer turns one whose outputs feed only control edges into a no-op:
   that rank then never joins the exchange, and its peers wait for it
-  forever (notes/session21/horovod_hang.txt). A replica that receives an
+  forever (a real `horovodrun` job hung so). A replica that receives an
   exchange's result only to order an update after it (one holding none of
   a table's rows) takes this value instead of a control dependency. It
   holds because an exchange's result has a first dimension unknown until
