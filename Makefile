@@ -1,37 +1,44 @@
 # tfde: `make demo` and `make test` set everything up on a fresh machine.
+# `make help` lists the targets: each one's `## ` comment is its line there.
 PYTHON ?= python3
+# The environments live outside the checkout, keyed by what they install
+# (tools/envs.py); the .venv* folders here are links to them.
+ENVS := $(PYTHON) tools/envs.py
 VENV := .venv
 HVD_VENV := .venv-hvd
 PY := $(VENV)/bin/python
-TF_VERSION := 2.21.0
-HVD_TF_VERSION := 2.18.1
 TF215_VENV := .venv-tf215
 TF215_PY := $(TF215_VENV)/bin/python
-# The TF 2.15 lane's op library: tfde's sources from the work tree run on it.
-TF215_OPS := $(CURDIR)/$(TF215_VENV)/tfde_ops_tf215.so
+# Each environment's op library, compiled once per kernel sources
+# (tools/envs.py ops NAME).
+OPS_DIR := $(CURDIR)/build/ops
+TF215_OPS := $(OPS_DIR)/tf215/_tfde_ops.so
 # The TF 2.15 lane: the estimator tests and the graph-mode path (TF1
 # sessions, DeepRec's feature columns, mxRec's door).
-TF215_TESTS := tests/test_estimator.py tests/test_graph_savers.py tests/test_keras_support.py \
-    tests/test_mxrec.py \
-    tests/test_feature_column.py
+TF215_TESTS := tests/lanes/test_estimator.py tests/unit/test_graph_savers.py \
+    tests/unit/test_keras_support.py tests/unit/test_mxrec.py tests/unit/test_feature_column.py
 # The Keras 3 lanes: TensorFlow 2.16.2 and 2.17.1 (between 2.15's Keras 2
 # and the main 2.21), each with Keras 3 and its own op library, run the
 # Keras layer and the graph-mode path.
 KERAS3_LANES := 216 217
-TF_VERSION_216 := 2.16.2
-TF_VERSION_217 := 2.17.1
-KERAS3_LANE_TESTS := tests/test_layers.py tests/test_keras_support.py tests/test_graph_savers.py \
-    tests/test_mxrec.py tests/test_feature_column.py tests/test_deeprec.py
+KERAS3_LANE_TESTS := tests/unit/test_layers.py tests/unit/test_keras_support.py \
+    tests/unit/test_graph_savers.py tests/unit/test_mxrec.py tests/unit/test_feature_column.py \
+    tests/unit/test_deeprec.py
 PYTEST_ARGS ?=
 # The main suite runs in this many pytest worker processes, each taking
 # whole test files (`--dist loadfile`: a file's module fixtures are built
 # once). 2 halves the suite's time on a 2-core machine, where much of it is
-# single-threaded tracing; TEST_WORKERS=0 runs it in one process.
+# single-threaded tracing (3 was slower); TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 XDIST_ARGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider --timeout=900
+# What the main suite needs of the other environments.
+SUITE_ENV := TFDE_REQUIRE_HOROVOD=1 TFDE_PEER_TESTS=1 TFDE_REQUIRE_PEERS=1 \
+    TFDE_PEERS_PYTHON=$(CURDIR)/.venv-peers/bin/python
 
 # One .PHONY line per group of targets, so that new targets add lines.
-.PHONY: all env ops hvd-env test test-fast cuda-test gpu-test gpu-bench fuzz reliability bench demo bazel clean
+.PHONY: all help env ops envs hvd-env test test-main test-fast cuda-test gpu-test gpu-bench fuzz
+.PHONY: test-unit test-distributed test-fuzz test-lanes lint reliability bench demo bazel clean
 .PHONY: planner-bench
 .PHONY: dtensor-test dtensor-bench
 .PHONY: wheel wheel-test docs docs-env
@@ -39,251 +46,196 @@ XDIST_ARGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loa
 .PHONY: tf215-env test-tf215 $(KERAS3_LANES:%=tf%-env) $(KERAS3_LANES:%=test-tf%)
 .PHONY: peers-env
 
+## all: the same as ops
 all: ops
 
-# The main environment: TensorFlow 2.21 (CPU) and the test tools.
-$(VENV)/.ready:
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q "tensorflow-cpu==$(TF_VERSION)" numpy absl-py pyyaml \
-	    matplotlib pytest pytest-timeout setuptools wheel
-	# keras-rs's configs are accepted by tfde (tests/test_tpu.py); keras-rs
-	# needs only keras and ml-dtypes, which TensorFlow brings.
-	$(VENV)/bin/pip install -q --no-deps keras-rs==0.4.0
-	# tf_keras for tfde.dtensor (the extra `dtensor`), beside Keras 3:
-	# `import keras` stays Keras 3. --no-deps: it asks for the `tensorflow`
-	# distribution, which tensorflow-cpu already provides.
-	$(VENV)/bin/pip install -q --no-deps "tf_keras==$(TF_VERSION)"
-	touch $@
+## help: this list of targets, one line each
+help:
+	@$(PYTHON) tools/make_help.py Makefile
 
-env: $(VENV)/.ready
+## env: the main environment (TensorFlow 2.21 CPU, Keras 3, tf_keras, the test tools)
+env:
+	$(ENVS) env main
 
-# pytest-xdist for the suite's worker processes (a stamp of its own, so that
-# environments made before it get it too).
-$(VENV)/.xdist: $(VENV)/.ready
-	$(VENV)/bin/pip install -q pytest-xdist
-	touch $@
+## ops: the op library against the main TensorFlow, in tfde/ops/
+ops:
+	$(ENVS) ops main --inplace
 
-# The op library, built in place (editable install) against the main TF.
-tfde/ops/_tfde_ops.so: $(VENV)/.ready $(wildcard kernels/*.cc kernels/*.h) setup.py
-	$(VENV)/bin/pip install -q --no-build-isolation -e .
-	@test -f $@
+## hvd-env: TensorFlow 2.18.1 with Horovod 0.28.1 (Gloo), and its op library
+hvd-env:
+	$(ENVS) ops hvd
 
-ops: tfde/ops/_tfde_ops.so
+## tf215-env: TensorFlow 2.15.1, tf.estimator and Horovod, and its op library
+tf215-env:
+	$(ENVS) ops tf215
 
-# The second environment: TensorFlow 2.18.1 with Horovod 0.28.1 (Gloo), the
-# newest TF its CPU build supports, and tfde built and installed against it.
-$(HVD_VENV)/.ready:
-	$(PYTHON) -m venv $(HVD_VENV)
-	$(HVD_VENV)/bin/pip install -q --upgrade pip
-	$(HVD_VENV)/bin/pip install -q "tensorflow-cpu==$(HVD_TF_VERSION)" numpy absl-py \
-	    pyyaml cmake setuptools wheel
-	CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
-	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-	PATH=$(CURDIR)/$(HVD_VENV)/bin:$$PATH \
-	    $(HVD_VENV)/bin/pip install -q --no-cache-dir --no-build-isolation horovod==0.28.1
-	touch $@
+## tf216-env, tf217-env: TensorFlow 2.16.2 and 2.17.1 with Keras 3, and their op libraries
+$(KERAS3_LANES:%=tf%-env): tf%-env:
+	$(ENVS) ops tf$*
 
-$(HVD_VENV)/.tfde: $(HVD_VENV)/.ready $(wildcard kernels/*.cc kernels/*.h tfde/*.py tfde/*/*.py) setup.py
-	PATH=$(CURDIR)/$(HVD_VENV)/bin:$$PATH $(HVD_VENV)/bin/pip install -q --no-build-isolation .
-	touch $@
+## peers-env: torch 2.13 and FBGEMM's CPU TBE, the peers of the benchmarks and tests
+peers-env:
+	$(ENVS) env peers
 
-hvd-env: $(HVD_VENV)/.tfde
+## docs-env: mkdocs and its plugins
+docs-env:
+	$(ENVS) env docs
 
-# The lowest supported TensorFlow: 2.15.1 with tensorflow-estimator 2.15.0
-# (tf.estimator's last release) and its bundled Keras 2, and tfde's op
-# library built against it (copied out to $(TF215_OPS)).
-$(TF215_VENV)/.ready:
-	$(PYTHON) -m venv $(TF215_VENV)
-	$(TF215_VENV)/bin/pip install -q --upgrade pip
-	$(TF215_VENV)/bin/pip install -q "tensorflow-cpu==2.15.1" "tensorflow-estimator==2.15.0" \
-	    numpy absl-py pyyaml pytest pytest-timeout setuptools wheel
-	touch $@
+## envs: every environment and op library `make test` uses (built once per machine)
+envs:
+	$(ENVS) ops main --inplace
+	$(ENVS) ops hvd tf215 $(KERAS3_LANES:%=tf%)
+	$(ENVS) env peers docs
 
-# Horovod 0.28.1 (Gloo) against TF 2.15 too: estimators under horovodrun
-# (tests/test_estimator.py), where tf.estimator still exists. Both Horovod
-# builds skip pip's cache: a wheel built against one TensorFlow refuses to
-# load beside another.
-$(TF215_VENV)/.horovod: $(TF215_VENV)/.ready
-	$(TF215_VENV)/bin/pip install -q cmake
-	CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
-	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-	PATH=$(CURDIR)/$(TF215_VENV)/bin:$$PATH \
-	    $(TF215_VENV)/bin/pip install -q --no-cache-dir --no-build-isolation horovod==0.28.1
-	touch $@
-
-$(TF215_OPS): $(TF215_VENV)/.ready $(wildcard kernels/*.cc kernels/*.h) setup.py
-	PATH=$(CURDIR)/$(TF215_VENV)/bin:$$PATH $(TF215_VENV)/bin/pip install -q --no-build-isolation .
-	cp $$($(TF215_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/tfde/ops/_tfde_ops.so $@
-
-tf215-env: $(TF215_OPS) $(TF215_VENV)/.horovod
-
-# The TF 2.15 lane: the work tree's tfde on TF 2.15's op library, on the
-# kernels (the twins' TF1 runs are the main suite's; here they would double
-# the lane's time).
+## test-tf215: the TF 2.15 lane (tf.estimator, the graph-mode path) on its op library
 test-tf215: tf215-env
-	TFDE_REQUIRE_HOROVOD=1 TFDE_OPS_LIBRARY=$(TF215_OPS) $(TF215_PY) -m pytest $(TF215_TESTS) -q -p no:cacheprovider \
-	    -k "not reference" --timeout=900 $(PYTEST_ARGS)
+	TFDE_REQUIRE_HOROVOD=1 TFDE_OPS_LIBRARY=$(TF215_OPS) $(TF215_PY) -m pytest $(TF215_TESTS) \
+	    -q -p no:cacheprovider -k "not reference" --timeout=900 $(PYTEST_ARGS)
 
-.venv-tf%/.ready:
-	$(PYTHON) -m venv .venv-tf$*
-	.venv-tf$*/bin/pip install -q --upgrade pip
-	.venv-tf$*/bin/pip install -q "tensorflow-cpu==$(TF_VERSION_$*)" "keras==3.15.1" numpy absl-py pyyaml h5py \
-	    pytest pytest-timeout setuptools wheel
-	touch $@
-
-.venv-tf%/tfde_ops.so: .venv-tf%/.ready $(wildcard kernels/*.cc kernels/*.h) setup.py
-	PATH=$(CURDIR)/.venv-tf$*/bin:$$PATH .venv-tf$*/bin/pip install -q --no-build-isolation .
-	cp $$(.venv-tf$*/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/tfde/ops/_tfde_ops.so $@
-
-$(KERAS3_LANES:%=tf%-env): tf%-env: .venv-tf%/tfde_ops.so
-
-# The work tree's tfde on that TensorFlow's op library, on the kernels.
+# test-tf216, test-tf217: the work tree's tfde on that TensorFlow's op
+# library (the twins' runs are the main suite's; here they would double
+# the lane's time).
+## test-tf216, test-tf217: the Keras 3 lanes on TensorFlow 2.16 and 2.17
 $(KERAS3_LANES:%=test-tf%): test-tf%: tf%-env
-	TFDE_OPS_LIBRARY=$(CURDIR)/.venv-tf$*/tfde_ops.so .venv-tf$*/bin/python -m pytest \
-	    $(KERAS3_LANE_TESTS) -q -p no:cacheprovider \
-	    -k "not reference" \
-	    --timeout=900 $(PYTEST_ARGS)
+	TFDE_OPS_LIBRARY=$(OPS_DIR)/tf$*/_tfde_ops.so .venv-tf$*/bin/python -m pytest \
+	    $(KERAS3_LANE_TESTS) -q -p no:cacheprovider -k "not reference" --timeout=900 $(PYTEST_ARGS)
 
-# A wheel of tfde for the main TensorFlow: its op library compiled for that
-# TensorFlow, its extras ([cpu], [gpu], [tpu]) pinned to that minor version
-# (setup.py: tensorflow_extras). Compiling takes minutes on 2 cores.
+## test-lanes: the other TensorFlow versions' lanes (2.15, 2.16, 2.17)
+test-lanes: test-tf215 $(KERAS3_LANES:%=test-tf%)
+
+## wheel: a wheel of tfde for the main TensorFlow, packing the op library `make ops` built
 WHEEL_VENV := .venv-wheel
-wheel: $(VENV)/.ready
+wheel: ops
 	rm -f dist/tfde-*.whl
-	$(VENV)/bin/pip wheel -q --no-deps --no-build-isolation -w dist .
+	TFDE_PREBUILT_OPS=$(OPS_DIR)/main/_tfde_ops.so $(PY) -m pip wheel -q --no-deps \
+	    --no-build-isolation -w dist .
 	@ls dist/tfde-*.whl
 
-# The wheel in a fresh environment with that TensorFlow (from tfde[cpu]),
-# binaries only (nothing compiles), then tests/wheel_smoke.py run from
-# outside the checkout.
+## wheel-test: the wheel installed in a fresh environment (binaries only), then its smoke test
 wheel-test: wheel
 	rm -rf $(WHEEL_VENV)
 	$(PYTHON) -m venv $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/pip install -q --only-binary :all: "$$(ls dist/tfde-*.whl)[cpu]"
-	cd / && CC=false CXX=false $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/tests/wheel_smoke.py
+	cd / && CC=false CXX=false $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/tests/packaging/wheel_smoke.py
 
-# The user guide (docs/, mkdocs.yml) built with warnings as errors, in its
-# own environment; tests/test_docs.py runs every code block in it.
-DOCS_VENV ?= .venv-docs
-$(DOCS_VENV)/.ready:
-	$(PYTHON) -m venv $(DOCS_VENV)
-	$(DOCS_VENV)/bin/pip install -q mkdocs mkdocs-material "mkdocstrings[python]"
-	touch $@
+## docs: the user guide built with warnings (and broken links) as errors
+docs: docs-env
+	NO_MKDOCS_2_WARNING=1 .venv-docs/bin/mkdocs build --strict --site-dir build/site
 
-docs-env: $(DOCS_VENV)/.ready
+## lint: ruff over tfde/, tests/, bench/ and tools/ (pyproject.toml's rules)
+lint: env
+	$(VENV)/bin/ruff check tfde tests bench tools tfde_cli.py setup.py conftest.py
 
-docs: $(DOCS_VENV)/.ready
-	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir build/site
+## test-main: the main suite (every kind of test but the lanes), two workers
+test-main: ops
+	$(SUITE_ENV) $(PYTEST) tests tfde tfde_cli.py --doctest-modules $(XDIST_ARGS) --durations=15 $(PYTEST_ARGS)
 
-# The whole suite: both op backends, MirroredStrategy over logical CPUs,
-# 2-process MultiWorkerMirroredStrategy, and horovodrun in the TF 2.18 env;
-# then the TF 2.15 lane (tf.estimator, the graph-mode path).
-test: ops $(VENV)/.xdist hvd-env docs wheel-test tf215-env $(KERAS3_LANES:%=tf%-env) peers-env
-	TFDE_REQUIRE_HOROVOD=1 TFDE_PEER_TESTS=1 TFDE_REQUIRE_PEERS=1 \
-	TFDE_PEERS_PYTHON=$(PEERS_VENV)/bin/python $(PY) -m pytest tests tfde tfde_cli.py --doctest-modules -q -p no:cacheprovider \
-	    $(XDIST_ARGS) --timeout=900 --durations=10 $(PYTEST_ARGS)
-	$(MAKE) test-tf215
-	$(MAKE) $(KERAS3_LANES:%=test-tf%)
+## test-unit: the single-process tests and the doctests
+test-unit: ops
+	$(PYTEST) tests/unit tfde tfde_cli.py --doctest-modules $(XDIST_ARGS) $(PYTEST_ARGS)
 
-# Without the Horovod environment (a few minutes quicker to set up).
-test-fast: ops $(VENV)/.xdist
-	$(PY) -m pytest tests tfde tfde_cli.py --doctest-modules -q -p no:cacheprovider \
-	    $(XDIST_ARGS) --timeout=900 $(PYTEST_ARGS)
+## test-distributed: the multi-process tests (MultiWorkerMirrored, horovodrun)
+test-distributed: ops hvd-env
+	TFDE_REQUIRE_HOROVOD=1 TFDE_PEER_TESTS=1 $(PYTEST) tests/distributed $(XDIST_ARGS) $(PYTEST_ARGS)
 
-# The CUDA launchers against the numpy oracles, on a machine with nvcc and a
-# GPU; needs neither TensorFlow nor this Makefile's environment (numpy and
-# pytest suffice). Part of `make test` too, where it skips without a GPU.
+## test-fuzz: the fuzz harness's fixed-seed cycle and its regression cases
+test-fuzz: ops
+	$(PYTEST) tests/fuzz $(PYTEST_ARGS)
+
+## test: everything, each part timed: environments, lint, docs, wheel, main suite, lanes
+test:
+	@$(PYTHON) tools/timed.py "environments=$(MAKE) --no-print-directory envs" \
+	    "lint=$(MAKE) --no-print-directory lint" "docs=$(MAKE) --no-print-directory docs" \
+	    "wheel=$(MAKE) --no-print-directory wheel-test" \
+	    "main suite=$(MAKE) --no-print-directory test-main" \
+	    "lane tf215=$(MAKE) --no-print-directory test-tf215" \
+	    $(foreach v,$(KERAS3_LANES),"lane tf$(v)=$(MAKE) --no-print-directory test-tf$(v)")
+
+## test-fast: the main suite without the Horovod and peer environments
+test-fast: ops
+	$(PYTEST) tests tfde tfde_cli.py --doctest-modules $(XDIST_ARGS) $(PYTEST_ARGS)
+
+## cuda-test: the CUDA launchers against the numpy oracles (needs nvcc and a GPU; skips without)
 cuda-test:
-	$(PYTHON) -m pytest --noconftest -q -p no:cacheprovider tests/test_cuda_kernels.py
+	$(PYTHON) -m pytest --noconftest -q -p no:cacheprovider tests/unit/test_cuda_kernels.py
 
 # Inside a CUDA-enabled TensorFlow on a GPU machine (`pip install
 # 'tfde[gpu]'` there, or `make ops` with nvcc and tensorflow[and-cuda]):
 # every GPU kernel against its twin, the pipeline on GPU tables against the
 # numpy reference, and the op and sharding suites with the GPU as the
-# default device; then the benchmark against tf.nn and torch on that GPU.
+# default device.
 GPU_PYTHON ?= $(PYTHON)
+## gpu-test: every GPU kernel against its twin and the sharded path on GPU tables (GPU machine)
 gpu-test:
 	TF_FORCE_GPU_ALLOW_GROWTH=true $(GPU_PYTHON) -m pytest -q -p no:cacheprovider \
-	  tests/test_gpu.py tests/test_ops.py tests/test_ops_optimizers.py \
-	  tests/test_sharded.py tests/test_forward_dedup.py
+	  tests/unit/test_gpu.py tests/unit/test_ops.py tests/unit/test_ops_optimizers.py \
+	  tests/unit/test_sharded.py tests/unit/test_forward_dedup.py
 
+## gpu-bench: the GPU benchmark against tf.nn and torch on that GPU (GPU machine)
 gpu-bench:
 	TF_FORCE_GPU_ALLOW_GROWTH=true $(GPU_PYTHON) bench/gpu_bench.py
 	TF_FORCE_GPU_ALLOW_GROWTH=true $(GPU_PYTHON) bench/gpu_bench.py --profile
 
-# A long fuzz run (tests/fuzz_cases.py): FUZZ_CASES generated malformed
-# calls of every public op, each on the kernels and on the twins, in child
-# processes; prints the cases tried, the distinct errors and every finding
-# (crashes, wrong results, accepted malformed input, disallowed errors, state
-# changed on an error, backends that disagree), and fails if there is one.
-# `make test` runs one fixed-seed cycle (tests/test_fuzz.py).
+# FUZZ_CASES generated malformed calls of every public op, each on the
+# kernels and on the twins, in child processes; prints the cases tried, the
+# distinct errors and every finding (crashes, wrong results, accepted
+# malformed input, disallowed errors, state changed on an error, backends
+# that disagree), and fails if there is one. `make test` runs one
+# fixed-seed cycle (tests/fuzz/test_fuzz.py).
 FUZZ_SEED ?= 1
 FUZZ_CASES ?= 3340
+## fuzz: a long fuzz run of every public op (FUZZ_CASES, FUZZ_SEED)
 fuzz: ops
-	$(PY) -m tests.fuzz_cases --seed $(FUZZ_SEED) --cases $(FUZZ_CASES) $(FUZZ_ARGS)
+	$(PY) -m tests.fuzz.fuzz_cases --seed $(FUZZ_SEED) --cases $(FUZZ_CASES) $(FUZZ_ARGS)
 
-# tfde.dtensor: every optimizer on meshes of 1, 2 and 4 logical CPUs and a
-# 2 x 2 "batch" x "model" mesh
-# (`make test` runs each optimizer once), then its example.
+## dtensor-test: tfde.dtensor with every optimizer on meshes of 1, 2, 4 and 2 x 2 devices
 dtensor-test: ops
-	TFDE_DTENSOR_FULL=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_dtensor.py
+	TFDE_DTENSOR_FULL=1 $(PYTEST) tests/unit/test_dtensor.py
 
+## dtensor-bench: the DTensor layer's benchmark
 dtensor-bench: ops
 	$(PY) bench/dtensor_bench.py
 
-# The multi-process reliability checks alone (`make test` runs them too):
-# non-finite gradients across processes, and the grid of peers killed or
-# stopped (2 and 4 processes, MultiWorkerMirroredStrategy and Horovod); and
-# the crash-safe saves with 40 kills per mode (20 in `make test`).
+## reliability: the multi-process fault grid and the crash-safe saves with 40 kills per mode
 reliability: ops hvd-env
 	TFDE_PEER_TESTS=1 TFDE_REQUIRE_HOROVOD=1 TFDE_CRASH_TRIALS=40 $(PY) -m pytest -q -p no:cacheprovider \
-	    --timeout=1800 tests/test_multiprocess_reliability.py tests/test_crash_safe_saves.py
+	    --timeout=1800 tests/distributed/test_multiprocess_reliability.py tests/unit/test_crash_safe_saves.py
 
-# The peers of bench/ops_bench.py: torch CPU and FBGEMM TBE CPU matched to
-# it (fbgemm-gpu-cpu 1.8 is built against torch 2.13), in their own env.
-PEERS_VENV ?= .venv-peers
-$(PEERS_VENV)/.ready:
-	$(PYTHON) -m venv $(PEERS_VENV)
-	$(PEERS_VENV)/bin/pip install -q "torch==2.13.0" "fbgemm-gpu-cpu==1.8.*" numpy
-	touch $@
-peers-env: $(PEERS_VENV)/.ready
-
+## bench: the benchmarks against their peers (quiet machine; outputs in bench/results/)
 bench: ops peers-env hvd-env
-	TFDE_PEERS_PYTHON=$(PEERS_VENV)/bin/python $(PY) bench/ops_bench.py
-	TFDE_PEERS_PYTHON=$(PEERS_VENV)/bin/python $(PY) bench/forward_bench.py
+	TFDE_PEERS_PYTHON=.venv-peers/bin/python $(PY) bench/ops_bench.py
+	TFDE_PEERS_PYTHON=.venv-peers/bin/python $(PY) bench/forward_bench.py
 	$(PY) bench/sharded_bench.py
 	$(PY) bench/dynamic_bench.py
 	$(PY) bench/memory_bench.py
 	$(PY) bench/precision_bench.py --quick
 
-# The sharding planner's layout against all row-wise, table-wise and
-# replicated layouts: many tables of mixed sizes on 2 and 4 logical CPUs
-# (a few minutes; `PLANNER_BENCH_ARGS=--quick` for one).
+## planner-bench: the planner's layout against all row-wise, table-wise and replicated ones
 planner-bench: ops
 	$(PY) bench/planner_bench.py --workers 2 $(PLANNER_BENCH_ARGS)
 
-# Delta checkpoints against full ones on a 10M-row table as the touched
-# fraction grows (a few minutes, about 3 GB of memory and 1.5 GB of disk;
-# `DELTA_BENCH_ARGS=--quick` for 1M rows). Plot: bench/results/delta_bench.png.
+# (a few minutes, about 3 GB of memory and 1.5 GB of disk;
+# `DELTA_BENCH_ARGS=--quick` for 1M rows).
+## delta-bench: delta checkpoints against full ones on a 10M-row table
 delta-bench: ops
 	$(PY) bench/delta_bench.py $(DELTA_BENCH_ARGS)
 
-# The main job: a DLRM-style model on generated Criteo-like data, 2 replicas,
-# report in reports/demo/.
+## demo: the main job, a DLRM-style model on generated Criteo-like data, 2 replicas (reports/demo/)
 demo: ops
-	$(VENV)/bin/tfde train --config configs/demo.yaml
+	$(PY) tfde_cli.py train --config configs/demo.yaml
 
-# The same op library built with Bazel (BUILD, WORKSPACE), then the op tests
-# run against it. Offline with Debian's bazel-bootstrap (Bazel 4), whose
-# rules_cc/rules_java are replaced by the forwarding shims in third_party/.
-bazel: $(VENV)/.ready
+# Offline with Debian's bazel-bootstrap (Bazel 4), whose rules_cc/rules_java
+# are replaced by the forwarding shims in third_party/.
+## bazel: the op library built with Bazel, then the op tests against it
+bazel: env
 	PYTHON_BIN_PATH=$(CURDIR)/$(PY) bazel build \
 	    --override_repository=rules_cc=$(CURDIR)/third_party/rules_cc_shim \
 	    --override_repository=rules_java=$(CURDIR)/third_party/rules_java_shim \
 	    //:tfde_ops
 	TFDE_OPS_LIBRARY=$(CURDIR)/bazel-bin/libtfde_ops.so $(PY) -m pytest -q \
-	    -p no:cacheprovider tests/test_ops.py tests/test_ops_optimizers.py tests/test_ops_refusals.py
+	    -p no:cacheprovider tests/unit/test_ops.py tests/unit/test_ops_optimizers.py tests/unit/test_ops_refusals.py
 
+## clean: build outputs and the links to the environments (the cache stays: tools/envs.py list)
 clean:
-	rm -rf build dist *.egg-info tfde/ops/_tfde_ops.so tfde/_build_info.py $(VENV) $(HVD_VENV) $(WHEEL_VENV) $(TF215_VENV) $(KERAS3_LANES:%=.venv-tf%)
+	rm -rf build dist *.egg-info tfde/ops/_tfde_ops.so tfde/_build_info.py $(WHEEL_VENV)
+	rm -f $(VENV) $(HVD_VENV) $(TF215_VENV) $(KERAS3_LANES:%=.venv-tf%) .venv-peers .venv-docs

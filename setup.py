@@ -10,6 +10,8 @@ and CUDA launchers from `kernels/cuda/`.
 TensorFlow must already be installed: under pip's build isolation it is not
 importable, so the flags are asked of the interpreter that runs pip, with
 the isolation's environment removed (or of $TFDE_TF_PYTHON).
+$TFDE_PREBUILT_OPS names a library compiled before from the same sources
+against the same TensorFlow, which the build packs instead of compiling.
 """
 
 import concurrent.futures
@@ -21,7 +23,9 @@ import shutil
 import subprocess
 import sys
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension
+from setuptools import find_packages
+from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -105,6 +109,13 @@ class BuildTfdeOps(build_ext):
               "w") as f:
       f.write('"""Written by setup.py when the op library was built."""\n'
               f"TENSORFLOW_VERSION = {info['version']!r}\n")
+    prebuilt = os.environ.get("TFDE_PREBUILT_OPS")
+    if prebuilt:
+      # A library tools/envs.py already compiled from these same sources
+      # against this same TensorFlow (its cache key): packed, not rebuilt.
+      shutil.copy(prebuilt, target)
+      print(f"tfde: packed {prebuilt} as {target}")
+      return
     build_dir = os.path.join(self.build_temp, "tfde_ops")
     os.makedirs(build_dir, exist_ok=True)
     cxx = os.environ.get("CXX", "g++")
@@ -197,7 +208,7 @@ class BuildTfdeOps(build_ext):
 
   def _launcher_commands(self, build_dir, objects):
     # kernels/cuda/*.cu.cc are the CUDA launchers (nvcc). testing_api.cu.cc
-    # is the C API for tests/test_cuda_kernels.py only, not part of the library.
+    # is the C API for tests/unit/test_cuda_kernels.py only, not part of the library.
     cuda_dir = os.path.join(HERE, "kernels", "cuda")
     launchers = sorted(p for p in glob.glob(os.path.join(cuda_dir, "*.cu.cc"))
                        if not p.endswith("testing_api.cu.cc"))

@@ -146,6 +146,7 @@ def load_tensorflow(verbose):
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   with _stderr_silenced():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     import tfde  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   tf.get_logger().setLevel("ERROR")
   try:

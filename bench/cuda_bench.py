@@ -23,8 +23,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tests import cuda_testing  # noqa: E402
 from workload import parse_args  # noqa: E402  (bench/ is the script's dir)
+
+from tests.support import cuda_testing  # noqa: E402
 
 
 def main():

@@ -25,9 +25,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from workload import parse_args  # noqa: E402  (bench/ is the script's dir)
+from workload import timed  # noqa: E402  (bench/ is the script's dir)
+
 import tfde  # noqa: E402
 import tfde.ops  # noqa: E402
-from workload import parse_args, timed  # noqa: E402  (bench/ is the script's dir)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 BOUND_BYTES_PER_ROW = 100 + 4 * 16  # tests' bound for width 8, widened to 16

@@ -49,9 +49,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import tfde  # noqa: E402
 from ops_bench import run_peers  # noqa: E402  (bench/ is the script's dir)
-from workload import parse_args, timed  # noqa: E402
+from workload import parse_args  # noqa: E402
+from workload import timed  # noqa: E402
+
+import tfde  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -150,7 +152,7 @@ def time_tfde(work, data, reps, export_dir):
           shutil.rmtree(path)
         print(f"  {variant}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()),
               flush=True)
-    del layer, lookup
+    layer = lookup = None  # frees them before the next table (closures above read them)
   return results
 
 

@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from workload import Workload, lookup_steps  # noqa: E402  (bench/ is the script's dir)
+from workload import Workload  # noqa: E402  (bench/ is the script's dir)
+from workload import lookup_steps  # noqa: E402  (bench/ is the script's dir)
 
 # TFDE_GPU_BENCH_AS=CPU: a dry run of this script's logic on a CPU.
 DEVICE_TYPE = os.environ.get("TFDE_GPU_BENCH_AS", "GPU")
@@ -90,7 +91,7 @@ def torch_side(path, reps):
   x = torch.empty(1 << (30 if cuda else 24), dtype=torch.uint8, device=dev)
   y = torch.empty_like(x)
   out["copy GB/s"] = 2 * x.numel() / torch_ms(lambda: y.copy_(x)) / 1e6
-  del x, y
+  x = y = None  # frees the buffers (the lambda above reads them)
   for w in range(int(data["workloads"])):
     ids = [torch.from_numpy(data[f"ids_{w}_{t}"]).to(dev) for t in range(num_tables)]
     batch = ids[0].shape[0]
@@ -120,7 +121,7 @@ def torch_side(path, reps):
     except ImportError as e:
       out.setdefault("fbgemm_gpu", f"not importable: {e}")
     out[str(w)] = res
-    del bags, ids, targets
+    bags = ids = targets = None  # frees them (closures above read them)
     if cuda:
       torch.cuda.empty_cache()
   print(json.dumps(out))
@@ -147,6 +148,7 @@ def main():
     return
 
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   import tfde  # pylint: disable=g-import-not-at-top
   import tfde.ops  # pylint: disable=g-import-not-at-top
   gpus = tf.config.list_logical_devices(DEVICE_TYPE)
@@ -233,7 +235,7 @@ def main():
     results["tf.nn.embedding_lookup_sparse forward"] = tf_ms(tf.function(
         lambda: [tf.nn.embedding_lookup_sparse(tables[t], sparse[t], None, combiner="sum")
                  for t in range(work.tables)]))
-    del tables
+    tables = None  # frees them (closures above read them)
     results.update({k: v for k, v in peers.get(str(w), {}).items()
                     if isinstance(v, float)})
 
@@ -260,6 +262,7 @@ def profile(args):
   its own, synchronised), then the host's and the GPU's busiest ops in
   tf.profiler traces of 3 forwards and of 3 training steps."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   import tfde  # pylint: disable=g-import-not-at-top
   device = tf.config.list_logical_devices(DEVICE_TYPE)[0].name
   label, work, ids = workloads(args.quick)[-1]
@@ -325,8 +328,9 @@ def profile(args):
 def summarize_trace(logdir, top=22):
   """The busiest event names of each plane of a tf.profiler trace (host
   threads: ops as TensorFlow ran them; GPU streams: kernels and copies)."""
-  import glob  # pylint: disable=g-import-not-at-top
   import collections  # pylint: disable=g-import-not-at-top
+  import glob  # pylint: disable=g-import-not-at-top
+
   from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
   paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
   if not paths:

@@ -12,7 +12,7 @@ by tfde's forward and SGD, Adagrad, row-wise Adagrad and lazy-Adam steps
 on the same ids; the ratios are of the medians over the rounds. After
 them, tfde's first SGD, lazy-Adam and row-wise Adagrad steps are
 cross-checked against theirs from the same tables (`step_cross_check`;
-tests/test_peers.py holds it in make test).
+tests/unit/test_peers.py holds it in make test).
 
 The training-step ratio against tf.nn + Keras Adam is printed twice: from
 the medians above, and as the median of `--rounds` rounds that alternate
@@ -48,10 +48,12 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from workload import lookup_steps  # noqa: E402  (bench/ is the script's dir)
+from workload import parse_args  # noqa: E402  (bench/ is the script's dir)
+from workload import timed  # noqa: E402  (bench/ is the script's dir)
+
 import tfde  # noqa: E402
 import tfde.ops  # noqa: E402
-from workload import lookup_steps, parse_args, timed  # noqa: E402  (bench/ is the script's dir)
-
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The peers' environment (torch CPU, fbgemm-gpu-cpu matched to it): `make peers-env`.

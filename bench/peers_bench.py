@@ -32,10 +32,12 @@ def _fbgemm():
   fbgemm_gpu does not import."""
   try:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType  # pylint: disable=g-import-not-at-top
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (  # pylint: disable=g-import-not-at-top
-        EmbeddingLocation, PoolingMode)
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation  # pylint: disable=g-import-not-at-top
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode  # pylint: disable=g-import-not-at-top
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice  # pylint: disable=g-import-not-at-top
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # pylint: disable=g-import-not-at-top
-        ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
+      SplitTableBatchedEmbeddingBagsCodegen,
+    )
   except Exception as e:  # pylint: disable=broad-except
     print(f"fbgemm_gpu unavailable: {e}", file=sys.stderr)
     return None
@@ -104,7 +106,7 @@ def time_peers(path, reps):
     sgd.step()
 
   results["torch EmbeddingBag + SGD step"] = _timed(sgd_step, reps)
-  del bags, sgd
+  bags = sgd = None  # frees them (closures above read them)
   fb = _fbgemm()
   if fb is not None:
     indices, offsets = _tbe_inputs(ids)

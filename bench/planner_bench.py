@@ -37,9 +37,10 @@ tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration()] * MAX_REPLICAS)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from workload import replica_train_step  # noqa: E402  (bench/ is the script's directory)
+
 import tfde  # noqa: E402
 from tfde import planner  # noqa: E402
-from workload import replica_train_step  # noqa: E402  (bench/ is the script's directory)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 BATCH = 1024

@@ -20,8 +20,11 @@ import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from workload import lookup_steps  # noqa: E402  (bench/ is the script's dir)
+from workload import parse_args  # noqa: E402  (bench/ is the script's dir)
+from workload import timed  # noqa: E402  (bench/ is the script's dir)
+
 import tfde  # noqa: E402
-from workload import lookup_steps, parse_args, timed  # noqa: E402  (bench/ is the script's dir)
 
 
 def run(work, dtype, reps):

@@ -17,7 +17,6 @@ width.
 """
 
 import argparse
-
 import os
 import sys
 

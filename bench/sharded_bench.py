@@ -50,8 +50,11 @@ if "--worker" not in sys.argv:
       _cpu, [tf.config.LogicalDeviceConfiguration()] * MAX_REPLICAS)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from workload import parse_args  # noqa: E402  (bench/ is the script's dir)
+from workload import replica_train_step  # noqa: E402  (bench/ is the script's dir)
+from workload import timed  # noqa: E402  (bench/ is the script's dir)
+
 import tfde  # noqa: E402
-from workload import parse_args, replica_train_step, timed  # noqa: E402  (bench/ is the script's dir)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -211,19 +214,17 @@ def run_processes(mode, args, work, ids, exchange):
       horovodrun = os.path.join(venv, "bin", "horovodrun")
       if not os.path.exists(horovodrun):
         return f"no {horovodrun} (make hvd-env)"
-      # The script and its workload from a directory of their own, so the
-      # workers import tfde as installed in that environment (built for
-      # its TensorFlow), not this tree's.
-      copy = os.path.join(out, "bench")
-      os.makedirs(copy)
-      for name in ("sharded_bench.py", "workload.py"):
-        shutil.copy(os.path.join(here, name), copy)
-      env = dict(os.environ, PATH=os.path.join(venv, "bin") + os.pathsep + os.environ["PATH"])
-      env.pop("PYTHONPATH", None)
+      # This checkout's tfde on the op library compiled against that
+      # environment's TensorFlow (tools/envs.py ops hvd).
+      repo = os.path.dirname(here)
+      library = os.environ.get("TFDE_HOROVOD_OPS_LIBRARY",
+                               os.path.join(repo, "build", "ops", "hvd", "_tfde_ops.so"))
+      env = dict(os.environ, PYTHONPATH=repo, TFDE_OPS_LIBRARY=library,
+                 PATH=os.path.join(venv, "bin") + os.pathsep + os.environ["PATH"])
       # A session of its own: horovodrun and the ranks it starts go together.
       codes = wait_all([subprocess.Popen(
           [horovodrun, "-np", "2", "--gloo", "-H", "localhost:2",
-           os.path.join(venv, "bin", "python"), os.path.join(copy, "sharded_bench.py")]
+           os.path.join(venv, "bin", "python"), os.path.join(here, "sharded_bench.py")]
           + argv_tail, env=env, cwd=out, start_new_session=True)])
     if any(codes):
       return f"a worker failed: exit codes {codes}"

@@ -14,7 +14,7 @@ table), so the export loads where tfde's op library is loaded
 (`import tfde; tfde.ops.native.load()` before `tf.saved_model.load`); a
 model_fn whose PREDICT mode reads static tables only, under
 `tfde.ops.backend("reference")`, exports a SavedModel that serves without
-tfde (tests/test_estimator.py does so).
+tfde (tests/lanes/test_estimator.py does so).
 """
 
 import argparse

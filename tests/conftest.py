@@ -15,7 +15,7 @@ tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
 
 # Two logical GPUs on the first GPU, so that MirroredStrategy's
-# sharded path runs on a one-GPU machine too (tests/test_gpu.py). The tests'
+# sharded path runs on a one-GPU machine too (tests/unit/test_gpu.py). The tests'
 # tables are small; the limit leaves room for several test processes.
 _gpus = tf.config.list_physical_devices("GPU")
 if _gpus:

@@ -65,24 +65,27 @@ def _check_tensorflow():
 
 _check_tensorflow()
 
-from tfde import ops  # noqa: E402
 from tfde import comm  # noqa: E402
 from tfde import config  # noqa: E402
-from tfde import optimizers  # noqa: E402
-from tfde import sharding  # noqa: E402
 from tfde import initializers  # noqa: E402
-from tfde import placement  # noqa: E402
-from tfde import tpu  # noqa: E402
-from tfde import tables  # noqa: E402
-from tfde import planner  # noqa: E402
-from tfde import lookup  # noqa: E402
 from tfde import keras_support  # noqa: E402
+from tfde import lookup  # noqa: E402
+from tfde import ops  # noqa: E402
+from tfde import optimizers  # noqa: E402
+from tfde import placement  # noqa: E402
+from tfde import planner  # noqa: E402
+from tfde import sharding  # noqa: E402
+from tfde import tables  # noqa: E402
+from tfde import tpu  # noqa: E402
+
 layers = keras_support.import_layers()
 from tfde import checkpoint  # noqa: E402
-from tfde import serving  # noqa: E402
-from tfde import nn  # noqa: E402
 from tfde import feature_column  # noqa: E402
+from tfde import nn  # noqa: E402
+from tfde import serving  # noqa: E402
 from tfde.compat import deeprec as _deeprec  # noqa: E402,F401
 from tfde.compat import sok as _sok  # noqa: E402,F401
+from tfde.config import DynamicConfig  # noqa: E402
+from tfde.config import FeatureConfig  # noqa: E402
+from tfde.config import TableConfig  # noqa: E402
 from tfde.serving import export_for_serving  # noqa: E402
-from tfde.config import DynamicConfig, FeatureConfig, TableConfig  # noqa: E402

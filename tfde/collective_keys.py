@@ -19,7 +19,6 @@ import weakref
 
 import tensorflow as tf
 
-
 _key_spaces = threading.local()
 
 

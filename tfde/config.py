@@ -11,7 +11,9 @@ True
 """
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any
+from typing import Optional
+from typing import Sequence
 
 import numpy as np
 
@@ -288,6 +290,7 @@ class TableConfig:
   @classmethod
   def from_config(cls, config):
     import keras  # pylint: disable=g-import-not-at-top
+
     from tfde import optimizers  # pylint: disable=g-import-not-at-top
     config = dict(config)
     initializer = config["initializer"]

@@ -104,7 +104,7 @@ def _checkpoint_keys(root):
   `root`'s checkpoints hold, as TensorFlow's saver names them (escaped
   names, its own traversal). TensorFlow's private modules, imported here so
   that only a restore would fail should a release move them
-  (tests/test_delta_checkpoint.py restores through them)."""
+  (tests/unit/test_delta_checkpoint.py restores through them)."""
   # pylint: disable=g-import-not-at-top
   from tensorflow.python.checkpoint import graph_view
   from tensorflow.python.trackable import trackable_utils

@@ -187,7 +187,7 @@ def group_embedding_column_scope(name=None):
     if outermost:
       saved = [(ns, ns.embedding_column) for ns in _NAMESPACES]
       for ns, original in saved:
-        setattr(ns, "embedding_column", _grouped_embedding_column(original))
+        ns.embedding_column = _grouped_embedding_column(original)
       _group_embedding_column_scope_saved[:] = saved
   try:
     yield group
@@ -196,7 +196,7 @@ def group_embedding_column_scope(name=None):
       _active.pop()
       if not _active:
         for ns, original in _group_embedding_column_scope_saved:
-          setattr(ns, "embedding_column", original)
+          ns.embedding_column = original
         _group_embedding_column_scope_saved[:] = []
 
 

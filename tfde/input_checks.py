@@ -16,7 +16,6 @@ import tensorflow as tf
 
 from tfde.ops import checks
 
-
 # bincount counts into int32 positions: a sparse batch, or a sequence
 # feature's batch times its length, of more would wrap (2^32 + 6 samples
 # counted as 6) or fail naming nothing.

@@ -26,9 +26,9 @@ if not keras_support.has_keras3():
 import sys  # noqa: E402
 
 import keras  # noqa: E402
-from keras.src.backend.common.stateless_scope import in_stateless_scope
 import numpy as np
 import tensorflow as tf
+from keras.src.backend.common.stateless_scope import in_stateless_scope
 from tensorflow.python.util import nest
 
 from tfde import inputs as inputs_lib
@@ -36,8 +36,8 @@ from tfde import lookup as lookup_lib
 from tfde import planner as planner_lib
 from tfde import tpu as tpu_lib
 from tfde.compat import keras_multiworker
-from tfde.config import FeatureConfig, TableConfig  # noqa: F401 (re-export)
-from tfde.ops import reference
+from tfde.config import FeatureConfig  # noqa: F401 (re-export)
+from tfde.config import TableConfig  # noqa: F401 (re-export)
 from tfde.ops import row_features
 from tfde.tables import base as tables_base
 

@@ -48,16 +48,16 @@ from tensorflow.python.framework import func_graph
 
 from tfde import collective_keys
 from tfde import comm as comm_lib
-from tfde import group_step
 from tfde import exchange_kind
+from tfde import group_step
 from tfde import groups as groups_lib
 from tfde import inputs as inputs_lib
 from tfde import ops
 from tfde import planner as planner_lib
 from tfde import routing
 from tfde import tables as tables_lib
-from tfde.tables import tpu as tpu_tables
 from tfde import tpu as tpu_lib
+from tfde.tables import tpu as tpu_tables
 
 
 def wants_gradient(tensor):

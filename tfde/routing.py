@@ -41,7 +41,7 @@ class Routed:
 
 def _in_name_scope(name):
   """Builds the decorated stage under `name`: each exchange shows in graphs
-  and profiles (`tests/test_sharded.py` checks the one built against
+  and profiles (`tests/unit/test_sharded.py` checks the one built against
   `exchanges()` by it)."""
   def decorate(stage):
     @functools.wraps(stage)

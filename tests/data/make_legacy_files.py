@@ -6,7 +6,7 @@ runs in (run from the root of a checkout of the format to keep):
 A tf.train.Checkpoint and a .keras model, each holding a static (Adam) and
 a dynamic (Adagrad) table trained for two steps, and legacy_expected.npz
 with what those tables held when they were written (the oracle of
-tests/test_saved_formats.py).
+tests/unit/test_saved_formats.py).
 """
 
 import os

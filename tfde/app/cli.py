@@ -30,12 +30,23 @@ import sys
 import tempfile
 import time
 
-from tfde.app.config import (  # noqa: F401 (the schema, re-exported)
-    ConfigError, DataConfig, DenseOptimizerConfig, JobConfig, ModelConfig,
-    SparseFeatureConfig, TableOptimizerConfig, TrainingConfig, load_config)
-from tfde.app.model import build_model, most_ids_per_sample
-from tfde.app.report import (TensorBoardLog, exchange_statistics, save_checkpoint,
-                             shard_stats, write_projector, write_report)
+from tfde.app.config import ConfigError  # noqa: F401 (the schema, re-exported)
+from tfde.app.config import DataConfig  # noqa: F401 (the schema, re-exported)
+from tfde.app.config import DenseOptimizerConfig  # noqa: F401 (the schema, re-exported)
+from tfde.app.config import JobConfig  # noqa: F401 (the schema, re-exported)
+from tfde.app.config import ModelConfig  # noqa: F401 (the schema, re-exported)
+from tfde.app.config import SparseFeatureConfig  # noqa: F401 (the schema, re-exported)
+from tfde.app.config import TableOptimizerConfig  # noqa: F401 (the schema, re-exported)
+from tfde.app.config import TrainingConfig  # noqa: F401 (the schema, re-exported)
+from tfde.app.config import load_config  # noqa: F401 (the schema, re-exported)
+from tfde.app.model import build_model
+from tfde.app.model import most_ids_per_sample
+from tfde.app.report import TensorBoardLog
+from tfde.app.report import exchange_statistics
+from tfde.app.report import save_checkpoint
+from tfde.app.report import shard_stats
+from tfde.app.report import write_projector
+from tfde.app.report import write_report
 
 
 def _strategy(replicas):
@@ -96,6 +107,7 @@ def run_job(config, data_path=None, report_dir=None, verbose=1, config_file=None
   strategy = _strategy(config.replicas)  # before TensorFlow starts its runtime
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
 
   report_dir = report_dir or config.report_dir

@@ -29,7 +29,8 @@ import dataclasses
 import difflib
 import math
 import re
-from typing import List, Optional
+from typing import List
+from typing import Optional
 
 import yaml
 

@@ -30,6 +30,7 @@ def delta_saver(model, report_dir, every, example_inputs):
   list what each wrote."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   import tfde  # pylint: disable=g-import-not-at-top
 
   class DeltaSaver(keras.callbacks.Callback):

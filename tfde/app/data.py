@@ -16,7 +16,9 @@ compares the trained model's AUC with the hidden model's own (`oracle_auc`).
 
 import csv
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Dict
+from typing import List
+from typing import Optional
 
 import numpy as np
 

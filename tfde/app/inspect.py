@@ -24,7 +24,8 @@ import json
 import os
 import re
 import sys
-from typing import Dict, Optional
+from typing import Dict
+from typing import Optional
 
 import numpy as np
 
@@ -189,7 +190,7 @@ def _summaries(reader, tables, configs):
     stored = entry["keys"]
     if "table" not in stored:
       continue
-    value = lambda k: reader.get_tensor(stored[k])  # noqa: E731
+    value = lambda k, stored=stored: reader.get_tensor(stored[k])  # noqa: E731
     slots = {k[len("slot_"):]: value(k) for k in stored if k.startswith("slot_")}
     dynamic = "ids" in stored
     summaries.append(TableSummary(

@@ -38,6 +38,7 @@ def build_model(config, vocabulary, task, dense_features, plan=None, hotness=Non
   exchange by them."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   import tfde  # pylint: disable=g-import-not-at-top
   from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
 

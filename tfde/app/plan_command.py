@@ -42,6 +42,7 @@ def job_features(config, data_path=None):
   """(feature configs, one global batch of their ids) of a job config."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
   from tfde.app import model  # pylint: disable=g-import-not-at-top
   d = config.data

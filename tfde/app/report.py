@@ -151,6 +151,7 @@ def save_checkpoint(model, directory, step):
   replica count: `tfde inspect` reads it) and tables.json beside it, the
   tables' configs, which a checkpoint does not hold."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from tfde.app import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
   manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), directory,
                                        max_to_keep=1)

@@ -39,8 +39,8 @@ def apply():
   if _applied:
     return
   try:
-    from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
     from keras.src import tree  # pylint: disable=g-import-not-at-top
+    from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
   except ImportError:
     return
   original = getattr(trainer.TensorFlowTrainer, "_maybe_symbolic_build", None)

@@ -16,7 +16,8 @@ from tensorflow.python.eager import context
 from tfde.ops import reference
 from tfde.ops import sample_keys_twin
 from tfde.ops import types
-from tfde.ops.checks import grad_rows_in_range, index_tensor
+from tfde.ops.checks import grad_rows_in_range
+from tfde.ops.checks import index_tensor
 
 _LIBRARY_NAME = "_tfde_ops.so"
 _library = None

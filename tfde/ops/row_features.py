@@ -12,18 +12,15 @@ from tfde.ops.checks import check_update_inputs
 from tfde.ops.checks import check_variables
 from tfde.ops.checks import index_tensor
 from tfde.ops.reference import ROW_UPDATES
-from tfde.ops.types import BagGradients
-from tfde.ops.types import int32_range
 from tfde.ops.reference import check_combiner
 from tfde.ops.reference import check_sparse_update
-from tfde.ops.reference import embedding_combine
-from tfde.ops.reference import gather_from_tables
 from tfde.ops.reference import mix_keys
 from tfde.ops.reference import scalar_checks
 from tfde.ops.reference import select_rows
-from tfde.ops.reference import sparse_apply
 from tfde.ops.reference import table_of_fused_rows
 from tfde.ops.reference import uniform01
+from tfde.ops.types import BagGradients
+from tfde.ops.types import int32_range
 
 
 def combine_weights_grad(grad, id_rows, row_splits, weights, output, combiner="sum"):

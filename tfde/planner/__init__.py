@@ -105,7 +105,17 @@ optimizer's slots (Adagrad 1, Adam 2, FTRL 2 of the row's size).
 """
 
 # The package's public names (`tfde.planner.X` in the README, docs and tests).
-from tfde.planner.cost import CostModel, TableStats, layout_load, table_stats  # noqa: F401
-from tfde.planner.layout import (FLOAT_BYTES, ID_BYTES, KINDS, ShardingPlan,  # noqa: F401
-                                 TableLayout, as_plan, balance)
-from tfde.planner.search import PlanError, plan, simple_plan  # noqa: F401
+from tfde.planner.cost import CostModel  # noqa: F401
+from tfde.planner.cost import TableStats  # noqa: F401
+from tfde.planner.cost import layout_load  # noqa: F401
+from tfde.planner.cost import table_stats  # noqa: F401
+from tfde.planner.layout import FLOAT_BYTES  # noqa: F401
+from tfde.planner.layout import ID_BYTES  # noqa: F401
+from tfde.planner.layout import KINDS  # noqa: F401
+from tfde.planner.layout import ShardingPlan  # noqa: F401
+from tfde.planner.layout import TableLayout  # noqa: F401
+from tfde.planner.layout import as_plan  # noqa: F401
+from tfde.planner.layout import balance  # noqa: F401
+from tfde.planner.search import PlanError  # noqa: F401
+from tfde.planner.search import plan  # noqa: F401
+from tfde.planner.search import simple_plan  # noqa: F401

@@ -11,7 +11,8 @@ import numpy as np
 
 from tfde import exchange_kind
 from tfde import routing
-from tfde.planner.layout import FLOAT_BYTES, ID_BYTES, balance
+from tfde.planner.layout import FLOAT_BYTES
+from tfde.planner.layout import ID_BYTES
 
 
 @dataclasses.dataclass

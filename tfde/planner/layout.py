@@ -4,7 +4,9 @@ read from its config or JSON."""
 
 import dataclasses
 import json
-from typing import Dict, List, Optional
+from typing import Dict
+from typing import List
+from typing import Optional
 
 import numpy as np
 

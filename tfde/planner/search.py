@@ -9,9 +9,14 @@ import numpy as np
 
 from tfde import exchange_kind
 from tfde import routing
-from tfde.planner.layout import ShardingPlan, TableLayout
-from tfde.planner.cost import (CostModel, _Load, _table_configs, exchanging_rows, layout_load,
-                               table_stats)
+from tfde.planner.cost import CostModel
+from tfde.planner.cost import _Load
+from tfde.planner.cost import _table_configs
+from tfde.planner.cost import exchanging_rows
+from tfde.planner.cost import layout_load
+from tfde.planner.cost import table_stats
+from tfde.planner.layout import ShardingPlan
+from tfde.planner.layout import TableLayout
 
 
 def _candidates(stats, config, n, load, cost, per_worker=None):

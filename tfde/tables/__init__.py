@@ -24,13 +24,14 @@ implementing `base.Table`, and a branch in `make_table`.
 
 from tfde import optimizers
 from tfde import placement
-from tfde.tables.base import Table  # noqa: F401 (public)
 from tfde.tables import graph_saving
+from tfde.tables.base import Table  # noqa: F401 (public)
+from tfde.tables.column_wise import ColumnWiseTable
 from tfde.tables.dynamic import DynamicTable
 from tfde.tables.sharded import ShardedTable
-from tfde.tables.table_wise import DynamicTableWiseTable, TableWiseTable
-from tfde.tables.column_wise import ColumnWiseTable
 from tfde.tables.table_row_wise import TableRowWiseTable
+from tfde.tables.table_wise import DynamicTableWiseTable
+from tfde.tables.table_wise import TableWiseTable
 from tfde.tables.tpu import TPUTable
 
 # The sharding kinds a layout (`tfde.planner.TableLayout`) may name.

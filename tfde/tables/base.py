@@ -50,9 +50,9 @@ import tensorflow as tf
 from tfde import comm as comm_lib
 from tfde import inputs
 from tfde import ops
+from tfde import optimizers
 from tfde.ops import checks
 from tfde.tables import tpu as tpu_tables
-from tfde import optimizers
 
 SLOT_PREFIX = "slot_"
 # The key of the global ids of a delta's rows (`Table.changes_since`).
@@ -531,7 +531,7 @@ def check_tables_of_this_restore():
   task), then calls each object's `_restore_from_tensors` in turn with its
   own tensors only; no hook sees them all. They are in the caller's frame,
   `MultiDeviceSaver.restore`'s `restore_fn` (TF 2.18 to 2.21), and read
-  from there. tests/test_atomic_restore.py fails should a TensorFlow
+  from there. tests/unit/test_atomic_restore.py fails should a TensorFlow
   release move them, rather than let a restore load part of a checkpoint
   silently.
   """

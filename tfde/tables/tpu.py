@@ -34,7 +34,7 @@ layouts from TensorFlow's own SparseCore layout stacker.
 
 What runs here, without a TPU: the configuration (this module's
 functions, tested exactly), and the dispatch and training calls against a
-stand-in engine that records what it was given (tests/test_tpu.py). The
+stand-in engine that records what it was given (tests/unit/test_tpu.py). The
 engine itself has not been run by tfde's tests.
 """
 

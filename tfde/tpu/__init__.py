@@ -46,12 +46,17 @@ of TensorFlow's TPU embedding mid-level API (`TPUEmbedding`,
 """
 
 # The package's public names (`tfde.tpu.X` in the README, docs and tests).
-from tfde.tpu.optimizer_mapping import (from_tpu_optimizer, to_tpu_optimizer,  # noqa: F401
-                                        tpu_slot_offsets)
-from tfde.tpu.configs import (as_feature_configs, from_tpu_feature_configs,  # noqa: F401
-                              from_tpu_table_config, to_tpu_feature_configs,
-                              to_tpu_table_config)
-from tfde.tpu.checkpoints import (SPARSECORE_LAYOUTS_KEY, TPU_SLOT_NAMES,
-                                  read_tpu_checkpoint,  # noqa: F401
-                                  restore_tpu_checkpoint, unshuffle_sparsecore,
-                                  write_tpu_checkpoint)
+from tfde.tpu.checkpoints import SPARSECORE_LAYOUTS_KEY
+from tfde.tpu.checkpoints import TPU_SLOT_NAMES
+from tfde.tpu.checkpoints import read_tpu_checkpoint  # noqa: F401
+from tfde.tpu.checkpoints import restore_tpu_checkpoint
+from tfde.tpu.checkpoints import unshuffle_sparsecore
+from tfde.tpu.checkpoints import write_tpu_checkpoint
+from tfde.tpu.configs import as_feature_configs  # noqa: F401
+from tfde.tpu.configs import from_tpu_feature_configs  # noqa: F401
+from tfde.tpu.configs import from_tpu_table_config  # noqa: F401
+from tfde.tpu.configs import to_tpu_feature_configs  # noqa: F401
+from tfde.tpu.configs import to_tpu_table_config  # noqa: F401
+from tfde.tpu.optimizer_mapping import from_tpu_optimizer  # noqa: F401
+from tfde.tpu.optimizer_mapping import to_tpu_optimizer  # noqa: F401
+from tfde.tpu.optimizer_mapping import tpu_slot_offsets  # noqa: F401

@@ -6,8 +6,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfde import config as config_lib
-from tfde.tpu.optimizer_mapping import tpu_slot_offsets, _EMBEDDING
-from tfde.tpu.configs import _describe, to_tpu_feature_configs
+from tfde.tpu.configs import _describe
+from tfde.tpu.configs import to_tpu_feature_configs
+from tfde.tpu.optimizer_mapping import _EMBEDDING
+from tfde.tpu.optimizer_mapping import tpu_slot_offsets
 
 # tfde slot name -> TPU slot name, per optimizer kind (TPU's checkpoint keys
 # are `<prefix>/<table>.S<tpu slot>`).

@@ -2,14 +2,16 @@
 feature configs in any vocabulary (tfde, `tf.tpu.experimental.embedding`,
 keras-rs) read as tfde's."""
 
-import dataclasses
 
 import numpy as np
 import tensorflow as tf
 
 from tfde import config as config_lib
 from tfde import initializers
-from tfde.tpu.optimizer_mapping import from_tpu_optimizer, to_tpu_optimizer, _EMBEDDING, _SOURCE_ATTRIBUTE
+from tfde.tpu.optimizer_mapping import _EMBEDDING
+from tfde.tpu.optimizer_mapping import _SOURCE_ATTRIBUTE
+from tfde.tpu.optimizer_mapping import from_tpu_optimizer
+from tfde.tpu.optimizer_mapping import to_tpu_optimizer
 
 
 def to_tpu_table_config(table, iterations=None):

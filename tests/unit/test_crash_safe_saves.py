@@ -1,0 +1,99 @@
+"""A writer SIGKILLed at random moments during CheckpointManager.save
+always leaves the latest listed checkpoint complete and restorable (static
+and dynamic tables; one process, and two MultiWorkerMirroredStrategy
+workers)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfde
+from tests.distributed.test_multiprocess import REPO
+from tests.distributed.test_multiprocess import _worker_group
+from tests.workers import save_worker
+
+# Kills per mode: 10 in `make test`, more in `make reliability`
+# (TFDE_CRASH_TRIALS=40), each a worker process started afresh (about 9 s
+# for two MultiWorkerMirroredStrategy workers).
+TRIALS = int(os.environ.get("TFDE_CRASH_TRIALS", "10"))
+TIMEOUT_S = 120
+
+
+def _start(mode, directory):
+  if mode == "local":
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    commands = [[sys.executable, "-m", "tests.workers.save_worker", "--mode", "local",
+                 "--dir", directory]]
+    envs = [env]
+  else:
+    commands, envs = _worker_group(["-m", "tests.workers.save_worker", "--mode", "mwms",
+                                    "--dir", directory])
+  return [subprocess.Popen(c, env=e, cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+          for c, e in zip(commands, envs)]
+
+
+def _kill_during_saves(mode, directory, periods):
+  """Starts the writer, waits for its first two saves, and SIGKILLs every
+  process `periods` save periods after the first (a period: the time from
+  the first save to the second, measured in each trial, as the load of
+  other tests changes it). Returns the period.
+
+  The delay is counted in periods, not seconds, because one save takes
+  0.1 s alone and 1.5 s for two MultiWorkerMirroredStrategy workers on a
+  slow host: fixed delays all fell before the second save there.
+  """
+  procs = _start(mode, directory)
+  try:
+    saved_at = []
+    deadline = time.monotonic() + TIMEOUT_S
+    while len(saved_at) < 2:
+      assert time.monotonic() < deadline and procs[0].poll() is None, "no save"
+      if procs[0].stdout.readline().startswith("saved"):
+        saved_at.append(time.monotonic())
+    period = saved_at[1] - saved_at[0]
+    time.sleep(max(0.0, saved_at[0] + periods * period - time.monotonic()))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+      p.wait()
+  return period
+
+
+def _restored_value(directory):
+  """The one value k every table, slot and step of the latest listed
+  checkpoint holds (so it is complete)."""
+  latest = tf.train.latest_checkpoint(directory)
+  assert latest is not None, os.listdir(directory)
+  lookup = tfde.lookup.ShardedLookup(save_worker.configs(), auto_replicate_bytes=0)
+  tf.train.Checkpoint(lookup=lookup).restore(latest).assert_consumed()
+  values = set()
+  for table in lookup.tables.values():
+    for key, value in table.state().items():
+      if key in ("table", "step") or key.startswith("slot_"):
+        values.update(np.unique(value.numpy()).tolist())
+    if table.is_dynamic:
+      assert table.size() == save_worker.DYNAMIC_IDS
+  assert len(values) == 1, (latest, sorted(values)[:5])
+  return values.pop()
+
+
+@pytest.mark.parametrize("mode", ["local", "mwms"])
+def test_a_killed_writer_leaves_a_complete_latest_checkpoint(tmp_path, mode):
+  rng = np.random.default_rng(7)
+  seen, periods = [], []
+  for trial in range(TRIALS):
+    directory = str(tmp_path / f"trial_{trial}")
+    # 1 to 3.5 periods after the first save: during and after the third
+    # and fourth (all ten kills before the third is done: 0.4^10).
+    periods.append(_kill_during_saves(mode, directory, float(rng.uniform(1.0, 3.5))))
+    seen.append(_restored_value(directory))
+  # The kills fell at different points of the save loop.
+  assert len(set(seen)) > 1, (seen, periods)

@@ -1,0 +1,263 @@
+"""Export for serving: a SavedModel that loads and serves where tfde is not
+importable, giving the trained model's outputs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfde
+from tests.support import oracles
+from tests.support import sharded_harness as h
+from tests.unit import test_layers
+
+# Runs in a fresh interpreter (-I: no PYTHONPATH, no user site) with tfde
+# blocked, so any dependency on tfde or its op library fails loudly.
+LOADER = r"""
+import json, sys
+sys.modules["tfde"] = None
+import numpy as np, tensorflow as tf
+spec = json.load(open(sys.argv[2]))
+served = tf.saved_model.load(sys.argv[1])
+ops = sorted({op.type for f in served.serve.concrete_functions
+              for op in f.graph.get_operations()})
+def tensor(d):
+  if d["kind"] == "dense":
+    return tf.constant(np.array(d["values"], dtype=d["dtype"]))
+  if d["kind"] == "ragged":
+    return tf.RaggedTensor.from_row_splits(
+        np.array(d["values"], dtype=d["dtype"]), np.array(d["splits"], np.int64))
+  return tf.SparseTensor(np.array(d["indices"], np.int64),
+                         np.array(d["values"], dtype=d["dtype"]), d["shape"])
+inputs = {k: tensor(v) for k, v in spec["inputs"].items()}
+result = {"ops": ops}
+try:
+  out = served.serve(inputs)
+  out = out if isinstance(out, dict) else {"output": out}
+  result["outputs"] = {k: v.numpy().tolist() for k, v in out.items()}
+except tf.errors.InvalidArgumentError as e:
+  result["error"] = e.message
+print("RESULT" + json.dumps(result))
+"""
+
+
+def _describe(value):
+  if isinstance(value, tf.RaggedTensor):
+    return {"kind": "ragged", "values": value.values.numpy().tolist(),
+            "splits": value.row_splits.numpy().tolist(),
+            "dtype": value.dtype.name}
+  if isinstance(value, tf.SparseTensor):
+    return {"kind": "sparse", "indices": value.indices.numpy().tolist(),
+            "values": value.values.numpy().tolist(),
+            "shape": value.dense_shape.numpy().tolist(), "dtype": value.dtype.name}
+  value = np.asarray(value)
+  return {"kind": "dense", "values": value.tolist(), "dtype": value.dtype.name}
+
+
+def _serve_elsewhere(tmp_path, path, inputs):
+  spec = tmp_path / "inputs.json"
+  spec.write_text(json.dumps({"inputs": {k: _describe(v) for k, v in inputs.items()}}))
+  loader = tmp_path / "loader.py"
+  loader.write_text(LOADER)
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TFDE_OPS")}
+  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  result = subprocess.run([sys.executable, "-I", str(loader), str(path), str(spec)],
+                          capture_output=True, text=True, env=env, cwd="/",
+                          timeout=180)
+  assert result.returncode == 0, result.stderr[-3000:]
+  line = [l for l in result.stdout.splitlines() if l.startswith("RESULT")][-1]
+  served = json.loads(line[len("RESULT"):])
+  assert not [op for op in served["ops"] if op.startswith("Tfde")], served["ops"]
+  return served
+
+
+def _inputs_and_numpy_outputs(layer, configs):
+  """The harness's unweighted batch of every input kind, and each
+  feature's output from `layer`'s tables in numpy."""
+  batch = h.make_batch(0, weighted=False)
+  inputs, _, _ = h.replica_inputs(batch, 0, 1)
+  tables = layer.get_embedding_tables()
+  return inputs, {f: h.oracles.combine(tables[cfg.table.name], batch[f]["ids"], None,
+                                       cfg.table.combiner)
+                  for f, cfg in configs.items()}
+
+
+def test_exported_keras_model_serves_without_tfde(tmp_path):
+  x, y = test_layers._ranking_data(512)  # pylint: disable=protected-access
+  with test_layers.mirrored(2).scope():
+    model = test_layers._ranking_model()  # pylint: disable=protected-access
+    model.compile(optimizer="adam", loss="mse")
+  model.fit(x, y, batch_size=128, epochs=1, verbose=0)
+  want = model.predict(x, batch_size=512, verbose=0)
+  path = tmp_path / "served"
+  tfde.export_for_serving(model, str(path), {k: v[:4] for k, v in x.items()})
+  served = _serve_elsewhere(tmp_path, path, x)
+  np.testing.assert_allclose(np.array(served["outputs"]["output"]), want,
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_exported_layer_serves_every_input_kind_and_rejects_bad_ids(tmp_path):
+  configs = h.feature_configs("adagrad", placements={"B": "default_device"})
+  with test_layers.mirrored(2).scope():
+    layer = tfde.layers.DistributedEmbedding(configs)
+  inputs, want = _inputs_and_numpy_outputs(layer, configs)
+  path = tmp_path / "layer"
+  tfde.export_for_serving(layer, str(path), inputs)
+  served = _serve_elsewhere(tmp_path, path, inputs)
+  for name in h.FEATURES:
+    np.testing.assert_allclose(np.array(served["outputs"][name]), want[name],
+                               rtol=1e-5, atol=1e-6)
+  ids = inputs["a_dense"].numpy()
+  ids[1, 2] = 37
+  inputs["a_dense"] = tf.constant(ids)
+  served = _serve_elsewhere(tmp_path, path, inputs)
+  assert "feature a_dense (table A): id 37 at position 5 is out of range" in served["error"]
+
+
+def test_an_export_serves_ids_of_either_index_dtype(tmp_path):
+  # Training takes int32 and int64 ids alike; so does the export, whichever
+  # the example had (its serving signature keeps the example's).
+  configs = h.feature_configs("adagrad")
+  layer = tfde.layers.DistributedEmbedding(configs)
+  inputs, want = _inputs_and_numpy_outputs(layer, configs)
+
+  def as_dtype(value, dtype):
+    if isinstance(value, tf.RaggedTensor):
+      return value.with_values(tf.cast(value.values, dtype))
+    if isinstance(value, tf.SparseTensor):
+      return tf.SparseTensor(value.indices, tf.cast(value.values, dtype), value.dense_shape)
+    return tf.cast(value, dtype)
+
+  for example, served_as in ((tf.int64, tf.int32), (tf.int32, tf.int64)):
+    path = tmp_path / f"from_{example.name}"
+    tfde.export_for_serving(layer, str(path), {k: as_dtype(v, example)
+                                               for k, v in inputs.items()})
+    served = _serve_elsewhere(tmp_path, path, {k: as_dtype(v, served_as)
+                                              for k, v in inputs.items()})
+    for name in h.FEATURES:
+      np.testing.assert_allclose(np.array(served["outputs"][name]), want[name],
+                                 rtol=1e-5, atol=1e-6, err_msg=f"{example.name} {name}")
+    # The signature's int32 tensors are the ids' values, one per feature,
+    # where the example had int32 (row splits and sparse indices are int64).
+    signature = tf.saved_model.load(str(path)).signatures["serving_default"]
+    int32 = [spec for spec in signature.structured_input_signature[1].values()
+             if spec.dtype == tf.int32]
+    assert len(int32) == (len(inputs) if example == tf.int32 else 0)
+
+
+def test_export_needs_a_distributed_embedding(tmp_path):
+  import keras  # pylint: disable=g-import-not-at-top
+  model = keras.Sequential([keras.layers.Dense(1)])
+  with pytest.raises(ValueError, match="holds no DistributedEmbedding"):
+    tfde.export_for_serving(model, str(tmp_path / "x"), np.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("lengths", [[0, 3, 1, 0, 5, 2, 0], [4] * 6, [0, 0], []],
+                         ids=["ragged", "dense", "only-empty", "no-samples"])
+def test_the_served_combine_matches_numpy(combiner, weighted, lengths):
+  """An export's combine (stock ops): a [batch, hotness, dim] sum for dense
+  inputs, a sorted segment sum for the others (empty samples anywhere give
+  zeros), then the combiner's divisor per sample."""
+  rng = np.random.default_rng(len(lengths))
+  table = rng.normal(size=(20, 3)).astype(np.float32)
+  ids = [rng.integers(0, 20, size=n) for n in lengths]
+  weights = [rng.uniform(0.5, 2.0, size=n).astype(np.float32) for n in lengths]
+  want = oracles.combine(table, ids, weights if weighted else None, combiner)
+  flat = np.concatenate(ids + [np.zeros(0, np.int64)]).astype(np.int64)
+  splits = tf.constant(np.concatenate([[0], np.cumsum(lengths)]), tf.int64)
+  w = tf.constant(np.concatenate(weights + [np.zeros(0, np.float32)])) if weighted else None
+  dense = lengths and len(set(lengths)) == 1
+  got = tfde.inputs.combine_served_rows(tf.gather(table, flat), splits, w, combiner,
+                                        hotness=lengths[0] if dense else None)
+  np.testing.assert_allclose(got.numpy(), np.reshape(want, (len(lengths), 3)),
+                             rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_the_serving_lookup_matches_training_for_every_output_and_form(combiner):
+  """The layer's stock-op lookup (what an export runs) against its
+  training lookup: pooled features from rank-1 and rank-2 dense ids,
+  ragged and sparse ids, weighted or not; sequence and ragged outputs from
+  dense ids (unpooled: one sample per id, so no [batch, hotness] view)."""
+  table = tfde.TableConfig(name="t", vocabulary_size=30, embedding_dim=4,
+                           combiner=combiner, seed=5)
+  features = {
+      "rank1": tfde.FeatureConfig(name="rank1", table=table),
+      "rank2": tfde.FeatureConfig(name="rank2", table=table),
+      "weighted": tfde.FeatureConfig(name="weighted", table=table),
+      "ragged": tfde.FeatureConfig(name="ragged", table=table),
+      "sparse": tfde.FeatureConfig(name="sparse", table=table),
+      "sequence": tfde.FeatureConfig(name="sequence", table=table, max_sequence_length=4),
+      "ragged_out": tfde.FeatureConfig(name="ragged_out", table=table, output="ragged"),
+  }
+  layer = tfde.layers.DistributedEmbedding(features)
+  rng = np.random.default_rng(3)
+  dense = tf.constant(rng.integers(0, 30, size=(5, 3)), tf.int64)
+  inputs = {
+      "rank1": tf.constant(rng.integers(0, 30, size=5), tf.int64),
+      "rank2": dense, "weighted": dense, "sequence": dense, "ragged_out": dense,
+      "ragged": tf.ragged.constant([[1, 2, 3], [], [4], [5, 6], []], tf.int64),
+      "sparse": tf.sparse.from_dense(tf.constant([[1, 0, 2], [0, 0, 0], [3, 4, 0],
+                                                  [0, 5, 0], [0, 0, 0]], tf.int64)),
+  }
+  weights = {"weighted": tf.constant(rng.uniform(0.5, 2.0, size=(5, 3)), tf.float32)}
+  want = layer(inputs, weights, training=False)
+  layer.serve_from({"t": tf.Variable(layer.tables["t"].state(keys=("table",))["table"])})
+  try:
+    got = layer(inputs, weights, training=False)
+  finally:
+    layer.serve_from(None)
+  for name in features:
+    w, g = want[name], got[name]
+    if isinstance(w, tf.RaggedTensor):
+      w, g = w.to_tensor(), g.to_tensor()
+    np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_the_serving_lookup_refuses_what_int32_counts_would_wrap():
+  """A sparse batch of 2^32 + 6 samples (wrapped: 6) and a sequence of
+  2^31 positions, refused naming the feature and table as in training."""
+  table = tfde.TableConfig(name="t", vocabulary_size=30, embedding_dim=4)
+  layer = tfde.layers.DistributedEmbedding({
+      "pooled": tfde.FeatureConfig(name="pooled", table=table),
+      "sequence": tfde.FeatureConfig(name="sequence", table=table,
+                                     max_sequence_length=2**30)})
+  good = {"pooled": tf.constant([[1, 2]], tf.int64), "sequence": tf.constant([[1, 2]], tf.int64)}
+  wide = tf.SparseTensor([[0, 0], [5, 1]], tf.constant([1, 2], tf.int64), [2**32 + 6, 2])
+  layer.serve_from({"t": tf.Variable(layer.tables["t"].state(keys=("table",))["table"])})
+  try:
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"feature pooled \(table t\): sparse ids have a batch "
+                             r"\(dense_shape\[0\]\) of 4294967302 samples"):
+      layer(dict(good, pooled=wide), training=False)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"feature sequence \(table t\): a batch of 2 samples"):
+      layer(dict(good, sequence=tf.constant([[1, 2], [3, 4]], tf.int64)), training=False)
+  finally:
+    layer.serve_from(None)
+
+
+def test_the_served_combine_keeps_huge_weights_finite():
+  """Weights whose sum overflows float32: folded per id in float64, as the
+  kernels and the twin fold them, not summed in float32 first."""
+  rows = np.array([[2.0], [3.0], [4.0], [6.0]])
+  weights = np.array([1e38, 1e38, 3e38, 1e38])
+  splits = tf.constant([0, 2, 4], tf.int64)
+  for combiner in ("mean", "sqrtn"):
+    # numpy in float64: each sample's sum of w_i * row_i over its divisor.
+    want = []
+    for b in (slice(0, 2), slice(2, 4)):
+      w = weights[b]
+      divisor = w.sum() if combiner == "mean" else np.sqrt((w * w).sum())
+      want.append((w[:, None] * rows[b]).sum(0) / divisor)
+    for hotness in (None, 2):
+      got = tfde.inputs.combine_served_rows(tf.constant(rows, tf.float32), splits,
+                                            tf.constant(weights, tf.float32), combiner, hotness)
+      assert np.all(np.isfinite(got.numpy()))
+      np.testing.assert_allclose(got.numpy(), np.array(want), rtol=1e-6)
