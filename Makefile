@@ -30,7 +30,7 @@ PYTEST_ARGS ?=
 # once). 2 halves the suite's time on a 2-core machine, where much of it is
 # single-threaded tracing (3 was slower); TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
-XDIST_ARGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+XDIST_ARGS := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider --timeout=900
 # What the main suite needs of the other environments.
 SUITE_ENV := TFDE_REQUIRE_HOROVOD=1 TFDE_PEER_TESTS=1 TFDE_REQUIRE_PEERS=1 \

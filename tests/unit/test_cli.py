@@ -264,7 +264,7 @@ def test_padding_never_reaches_a_table_under_lazy_adam(tmp_path):
   TensorFlow's collective instance keys with every strategy an earlier
   test made in the same process ("Shape mismatch in the collective
   instance"), whatever the model."""
-  result = _run(["-c", "import sys; from tests import test_cli; "
+  result = _run(["-c", "import sys; from tests.unit import test_cli; "
                  "test_cli.padding_case(sys.argv[1])", str(tmp_path)])
   assert result.returncode == 0, result.stderr[-3000:]
 

@@ -62,7 +62,7 @@ def needs_own_process(path):
 
 
 def run_in_fresh_process(pages):
-  code = ("import sys\nfrom tests import test_docs\n"
+  code = ("import sys\nfrom tests.unit import test_docs\n"
           f"failures = test_docs.run_pages({pages!r})\n"
           "for page, line, error in failures:\n"
           "  print(f'{page}:{line}:\\n{error}')\n"

@@ -77,7 +77,7 @@ def checkpoints(tmp_path_factory):
   directory = tmp_path_factory.mktemp("inspect")
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
   result = subprocess.run(
-      [sys.executable, "-c", "import sys; from tests import test_inspect; "
+      [sys.executable, "-c", "import sys; from tests.unit import test_inspect; "
        "test_inspect.write_checkpoints(sys.argv[1])", str(directory)],
       capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -127,7 +127,7 @@ class FeatureConfig:  # a stranger with a familiar name
 
 
 def test_unknown_config_names_its_module_and_class():
-  with pytest.raises(ValueError, match=r"tests\.test_tpu\.FeatureConfig"):
+  with pytest.raises(ValueError, match=r"tests\.unit\.test_tpu\.FeatureConfig"):
     tfde.layers.DistributedEmbedding({"x": FeatureConfig()})
   with pytest.raises(ValueError, match=r"builtins\.str"):
     tfde.lookup.ShardedLookup(["not a config"])
