@@ -85,6 +85,11 @@ def _run_in_fresh_process(backend, calls, memory_headroom_gib=None):
   "RESULT <shape>" or "RAISED <error type>: <message>"."""
   code = _FRESH_PROCESS.format(headroom=memory_headroom_gib, backend=backend, calls=calls)
   env = dict(os.environ, PYTHONPATH=_REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+  if memory_headroom_gib is not None:
+    # Without oneDNN's options TensorFlow's plain CPU allocator fails an
+    # allocation past the limit at once; oneDNN's retries it for 10 s
+    # before ResourceExhaustedError (about 20 s a test, 5 without).
+    env["TF_ENABLE_ONEDNN_OPTS"] = "0"
   proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                         text=True, timeout=600, cwd=_REPO_ROOT)
   if proc.returncode < 0:
