@@ -5,7 +5,6 @@ workers)."""
 
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -16,16 +15,17 @@ import tensorflow as tf
 import tfde
 from tests.distributed.test_multiprocess import REPO
 from tests.distributed.test_multiprocess import _worker_group
+from tests.support import zygote as zygote_lib
 from tests.workers import save_worker
 
 # Kills per mode: 10 in `make test`, more in `make reliability`
-# (TFDE_CRASH_TRIALS=40), each a worker process started afresh (about 9 s
-# for two MultiWorkerMirroredStrategy workers).
+# (TFDE_CRASH_TRIALS=40), each a worker process forked afresh.
 TRIALS = int(os.environ.get("TFDE_CRASH_TRIALS", "10"))
 TIMEOUT_S = 120
 
 
-def _start(mode, directory):
+def _start(zygote, mode, directory):
+  """The writer's processes, forked by `zygote`: (pid, output file) each."""
   if mode == "local":
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
     commands = [[sys.executable, "-m", "tests.workers.save_worker", "--mode", "local",
@@ -34,12 +34,25 @@ def _start(mode, directory):
   else:
     commands, envs = _worker_group(["-m", "tests.workers.save_worker", "--mode", "mwms",
                                     "--dir", directory])
-  return [subprocess.Popen(c, env=e, cwd=REPO, stdout=subprocess.PIPE,
-                           stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-          for c, e in zip(commands, envs)]
+  os.makedirs(directory, exist_ok=True)
+  children = []
+  for i, (command, env) in enumerate(zip(commands, envs)):
+    assert command[1] == "-m", command
+    output = os.path.join(os.path.dirname(directory), f"{os.path.basename(directory)}_{i}.log")
+    children.append((zygote.start(command[2], command[3:], env, output), output))
+  return children
 
 
-def _kill_during_saves(mode, directory, periods):
+def _alive(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  with open(f"/proc/{pid}/stat") as f:   # a zombie is not alive
+    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _kill_during_saves(zygote, mode, directory, periods):
   """Starts the writer, waits for its first two saves, and SIGKILLs every
   process `periods` save periods after the first (a period: the time from
   the first save to the second, measured in each trial, as the load of
@@ -49,21 +62,34 @@ def _kill_during_saves(mode, directory, periods):
   0.1 s alone and 1.5 s for two MultiWorkerMirroredStrategy workers on a
   slow host: fixed delays all fell before the second save there.
   """
-  procs = _start(mode, directory)
+  children = _start(zygote, mode, directory)
+  (chief, chief_output) = children[0]
   try:
     saved_at = []
     deadline = time.monotonic() + TIMEOUT_S
-    while len(saved_at) < 2:
-      assert time.monotonic() < deadline and procs[0].poll() is None, "no save"
-      if procs[0].stdout.readline().startswith("saved"):
-        saved_at.append(time.monotonic())
+    with open(chief_output, "rb") as output:
+      pending = b""
+      while len(saved_at) < 2:
+        assert time.monotonic() < deadline and _alive(chief), (
+            "no save: " + open(chief_output).read()[-2000:])
+        chunk = output.read()
+        if not chunk:
+          time.sleep(0.01)
+          continue
+        *lines, pending = (pending + chunk).split(b"\n")
+        saved_at += [time.monotonic() for line in lines if line.startswith(b"saved")]
     period = saved_at[1] - saved_at[0]
     time.sleep(max(0.0, saved_at[0] + periods * period - time.monotonic()))
   finally:
-    for p in procs:
-      if p.poll() is None:
-        os.killpg(p.pid, signal.SIGKILL)
-      p.wait()
+    for pid, _ in children:
+      for kill in (os.killpg, os.kill):   # its group, and itself in any case
+        try:
+          kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+    for pid, _ in children:
+      while _alive(pid):
+        time.sleep(0.01)
   return period
 
 
@@ -89,11 +115,16 @@ def _restored_value(directory):
 def test_a_killed_writer_leaves_a_complete_latest_checkpoint(tmp_path, mode):
   rng = np.random.default_rng(7)
   seen, periods = [], []
-  for trial in range(TRIALS):
-    directory = str(tmp_path / f"trial_{trial}")
-    # 1 to 3.5 periods after the first save: during and after the third
-    # and fourth (all ten kills before the third is done: 0.4^10).
-    periods.append(_kill_during_saves(mode, directory, float(rng.uniform(1.0, 3.5))))
-    seen.append(_restored_value(directory))
+  # The writers fork from one process that imported TensorFlow and tfde
+  # (tests/support/zygote.py): a trial then starts in a fraction of the
+  # imports' seconds.
+  with zygote_lib.Zygote() as zygote:
+    for trial in range(TRIALS):
+      directory = str(tmp_path / f"trial_{trial}")
+      # 1 to 3.5 periods after the first save: during and after the third
+      # and fourth (all ten kills before the third is done: 0.4^10).
+      periods.append(_kill_during_saves(zygote, mode, directory,
+                                        float(rng.uniform(1.0, 3.5))))
+      seen.append(_restored_value(directory))
   # The kills fell at different points of the save loop.
   assert len(set(seen)) > 1, (seen, periods)
