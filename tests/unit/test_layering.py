@@ -1,0 +1,120 @@
+"""The layers of docs/ARCHITECTURE.md hold: a module imports only its own
+layer and those below it. An import that does not yet is listed in
+ALLOWED, which may only shrink: a listed import that is gone fails too,
+so that the list is mended when the code is."""
+
+import ast
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# From the top: the command; the front doors (a user's API turned into
+# feature configs and tables, saving and serving); the pipeline (one
+# lookup per group per step); tables, their optimizers and the planner;
+# the ops and the communicators that carry the exchanges; and what every
+# layer may use (configs, the id arithmetic). A module's layer is that of its longest listed prefix.
+LAYERS = (
+    ("command", ("tfde.app", "tfde_cli")),
+    ("front doors", ("tfde.layers", "tfde.compat", "tfde.serving", "tfde.checkpoint",
+                     "tfde.delta_checkpoint", "tfde.dtensor", "tfde.nn", "tfde.feature_column",
+                     "tfde.keras_support", "tfde.tpu")),
+    ("pipeline", ("tfde.lookup", "tfde.group_step", "tfde.inputs", "tfde.input_checks",
+                  "tfde.routing", "tfde.exchange_kind", "tfde.groups")),
+    ("tables", ("tfde.tables", "tfde.placement", "tfde.initializers", "tfde.planner",
+                "tfde.optimizers")),
+    ("ops and communicators", ("tfde.ops", "tfde.comm")),
+    ("foundations", ("tfde.config", "tfde.sharding", "tfde.collective_keys",
+                     "tfde._build_info")),
+)
+
+# (importer, imported): each an upward import today. Mend one, delete its line.
+ALLOWED = {
+    ("tfde.config", "tfde.initializers"),     # configs build live objects
+    ("tfde.config", "tfde.optimizers"),
+    ("tfde.lookup", "tfde.tpu"),              # the pipeline asks for the TPU engine
+    ("tfde.planner.cost", "tfde.exchange_kind"),   # the cost model reads the pipeline's
+    ("tfde.planner.cost", "tfde.inputs"),          # choices and sizes
+    ("tfde.planner.cost", "tfde.routing"),
+    ("tfde.planner.search", "tfde.exchange_kind"),
+    ("tfde.planner.search", "tfde.routing"),
+    ("tfde.tables.base", "tfde.inputs"),      # tables check ids with stage 0's check
+    ("tfde.tables.tpu", "tfde.inputs"),
+    ("tfde.tables.tpu", "tfde.tpu"),          # a table that knows its engine
+}
+
+
+def _modules():
+  """{module name: path} of tfde's modules and the command."""
+  found = {"tfde_cli": os.path.join(REPO, "tfde_cli.py")}
+  for folder, _, files in os.walk(os.path.join(REPO, "tfde")):
+    for name in files:
+      if name.endswith(".py"):
+        path = os.path.join(folder, name)
+        module = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+        found[module.removesuffix(".__init__")] = path
+  return found
+
+
+def _imports(module, path, modules):
+  """The tfde modules `module` imports, anywhere in it (functions too)."""
+  package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = package.split(".")
+        parts = parts[:len(parts) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+      names = [f"{base}.{a.name}" for a in node.names]
+    else:
+      continue
+    for name in names:
+      # The longest tfde module the name is (or lies in).
+      while name and name not in modules:
+        name = name.rpartition(".")[0]
+      if name and name != module and (name.startswith("tfde") or name == "tfde_cli"):
+        yield name
+
+
+def _layer(module):
+  if module == "tfde":
+    return None   # the package's facade re-exports every layer
+  best = None
+  for depth, (_, prefixes) in enumerate(LAYERS):
+    for prefix in prefixes:
+      if module == prefix or module.startswith(prefix + "."):
+        if best is None or len(prefix) > best[1]:
+          best = (depth, len(prefix))
+  return None if best is None else best[0]
+
+
+def upward_imports():
+  modules = _modules()
+  found = set()
+  for module, path in modules.items():
+    if module == "tfde":
+      continue
+    for imported in set(_imports(module, path, modules)):
+      here, there = _layer(module), _layer(imported)
+      # The package's facade re-exports every layer: only the command,
+      # above them all, imports it.
+      facade = imported == "tfde" and here != 0
+      if facade or (here is not None and there is not None and there < here):
+        found.add((module, imported))
+  return found
+
+
+def test_every_module_has_a_layer():
+  unplaced = sorted(m for m in _modules() if m != "tfde" and _layer(m) is None)
+  assert not unplaced, f"modules in no layer of LAYERS: {unplaced}"
+
+
+def test_no_import_goes_up_a_layer_but_the_listed_ones():
+  found = upward_imports()
+  new = sorted(found - ALLOWED)
+  assert not new, ("imports up a layer (docs/ARCHITECTURE.md), or of the package's "
+                   f"facade `tfde` from inside it: {new}")
+  mended = sorted(ALLOWED - found)
+  assert not mended, f"listed in ALLOWED but gone (delete them from the list): {mended}"
