@@ -158,6 +158,9 @@ class DeltaCheckpointManager:
     # each table then, and the link they describe.
     self._marks = None
     self._marked_link = None
+    # Its name as a consumer of the tables' changes (Table.mark).
+    where = self._directory if "://" in self._directory else os.path.abspath(self._directory)
+    self.consumer = f"DeltaCheckpointManager:{where}"
 
   @property
   def directory(self):
@@ -217,6 +220,13 @@ class DeltaCheckpointManager:
     self._write_manifest()
     self._marks = self._marked_link = None
 
+  def release(self):
+    """This manager asks the tables for no more changes (its next save is
+    full): what only it kept of their record of evictions is dropped."""
+    for table in find_tables(self._checkpoint).values():
+      table.drop_consumer(self.consumer)
+    self._marks = self._marked_link = None
+
   # ---- saving
 
   def _continues_chain(self, tables):
@@ -233,6 +243,14 @@ class DeltaCheckpointManager:
     this process wrote or restored that one and the chain has room, else a
     full checkpoint. Returns its prefix."""
     number = int(checkpoint_number or self._manifest["next_number"])
+    links = self._manifest["links"]
+    if links and number <= max(link["number"] for link in links):
+      # Links are ordered by number (restore drops the later ones): a
+      # smaller one would be taken for an older link.
+      raise ValueError(
+          f"checkpoint number {number} does not increase: {self._directory} already "
+          f"holds link {max(link['number'] for link in links)}; save with a larger "
+          "number (or none)")
     prefix = f"{self._name}-{number}"
     if any(link["prefix"] == prefix for link in self._manifest["links"]):
       raise ValueError(f"checkpoint {prefix} already exists in {self._directory}")
@@ -240,7 +258,8 @@ class DeltaCheckpointManager:
     path = os.path.join(self._directory, prefix)
     if self._continues_chain(tables):
       kind = "delta"
-      changes = {p: t.changes_since(self._marks[p]) for p, t in tables.items()}
+      changes = {p: t.changes_since(self._marks[p], self.consumer)
+                 for p, t in tables.items()}
       # The rows first: a link on record always has its files.
       buffer = io.BytesIO()
       np.savez(buffer, **{f"{p}{_KEY_SEPARATOR}{key}": np.asarray(value)
@@ -252,11 +271,11 @@ class DeltaCheckpointManager:
     else:
       kind = "full"
       self._checkpoint.write(path)
-    marks = {p: t.mark() for p, t in tables.items()}
-    if kind == "full":
-      # A new chain starts here: this manager asks for nothing older.
-      for p, t in tables.items():
-        t.forget_changes_before(marks[p].step)
+    marks = {p: t.mark(self.consumer) for p, t in tables.items()}
+    # The next link is a delta of this one, or a new chain: this manager
+    # asks for nothing older (other consumers keep what they need).
+    for p, t in tables.items():
+      t.forget_changes_before(marks[p].step, self.consumer)
     names = sorted(n for n in tf.io.gfile.listdir(self._directory)
                    if n.startswith(prefix + ".") and not n.endswith(".tmp"))
     files = describe_files(self._directory, names)
@@ -346,7 +365,7 @@ class DeltaCheckpointManager:
     if len(chain) > 1:
       with tables_base.tables_left_out():
         self._checkpoint.read(self._path(chain[-1])).expect_partial()
-    self._marks = {p: t.mark() for p, t in tables.items()}
+    self._marks = {p: t.mark(self.consumer) for p, t in tables.items()}
     self._marked_link = chain[-1]["prefix"]
 
   def _check_holds_tables(self, link, tables):

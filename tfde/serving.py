@@ -280,14 +280,26 @@ def export_for_serving(model_or_layer, path, example_inputs):
   finally:
     for layer in embedding_layers:
       layer.serve_from(None)
-  _write_info(os.path.join(path, "assets.extra"), version, entries)
+  _write_info(os.path.join(path, "assets.extra"), version, entries, chain=version)
 
 
-def _write_info(directory, version, entries, **extra):
+def _consumer(chain):
+  """The name an export chain's marks are taken under (Table.mark)."""
+  return f"serving export chain {chain}"
+
+
+def _write_info(directory, version, entries, chain, **extra):
   tf.io.gfile.makedirs(directory)
-  info = dict(version=version, tables=[f"{layer}/{name}" for layer, name, _, _ in entries],
-              marks={f"{layer}/{name}": table.mark().to_config()
-                     for layer, name, table, _ in entries}, **extra)
+  marks = {}
+  for layer, name, table, _ in entries:
+    mark = table.mark(_consumer(chain))
+    # The chain's next delta is taken from this one: it asks for nothing
+    # older (other chains and checkpoint managers keep what they need).
+    table.forget_changes_before(mark.step, _consumer(chain))
+    marks[f"{layer}/{name}"] = mark.to_config()
+  info = dict(version=version, chain=chain,
+              tables=[f"{layer}/{name}" for layer, name, _, _ in entries],
+              marks=marks, **extra)
   with tf.io.gfile.GFile(os.path.join(directory, DELTA_INFO), "w") as f:
     f.write(json.dumps(info, indent=1))
   return info
@@ -333,6 +345,7 @@ def export_delta(model_or_layer, path, base):
     raise ValueError(f"{base} holds the tables {base_info['tables']}, the model "
                      f"{names}")
   from tfde.tables import base as tables_base  # pylint: disable=g-import-not-at-top
+  chain = base_info.get("chain", base_info["version"])
   files, rows_written = [], 0
   changes = []
   for (layer, name, table, _), key in zip(entries, names):
@@ -341,7 +354,7 @@ def export_delta(model_or_layer, path, base):
       raise ValueError(f"table {name!r} of layer {layer!r} was loaded or replaced "
                        f"after {base} was written: export it whole "
                        "(export_for_serving)")
-    changes.append(table.changes_since(mark))
+    changes.append(table.changes_since(mark, _consumer(chain)))
   tf.io.gfile.makedirs(str(path))
   version = _new_version()
   files.append(("VERSION", tf.constant([base_info["version"], version], tf.int64)))
@@ -359,8 +372,18 @@ def export_delta(model_or_layer, path, base):
                                 contents + [tf.io.serialize_tensor(fingerprints)]):
     tf.io.write_file(os.path.join(str(path), name), content)
     sizes += len(content.numpy())
-  return _write_info(str(path), version, entries, base_version=base_info["version"],
+  return _write_info(str(path), version, entries, chain, base_version=base_info["version"],
                      rows=rows_written, bytes=sizes)
+
+
+def drop_delta_chain(model_or_layer, path):
+  """The export chain of `path` (an export or one of its deltas) will take
+  no more deltas: what only it kept of the tables' record of evictions is
+  dropped (its next `export_delta` is refused; export whole)."""
+  info = _read_info(str(path))
+  for layer in _embedding_layers(model_or_layer):
+    for table in layer.tables.values():
+      table.drop_consumer(_consumer(info.get("chain", info["version"])))
 
 
 def apply_delta(exported_dir, delta_dir):
