@@ -45,9 +45,11 @@ Every file but `delta.json` is one serialized `TensorProto`
 import json
 import os
 import random
+import shutil
 
 import tensorflow as tf
 
+from tfde import atomic_files
 from tfde import layers as layers_lib
 from tfde.ops import reference
 
@@ -389,13 +391,35 @@ def drop_delta_chain(model_or_layer, path):
 def apply_delta(exported_dir, delta_dir):
   """Applies the delta in `delta_dir` to the export in `exported_dir` on
   disk (its variables are rewritten), with stock TF only: what a serving
-  process does, then writes back. Returns the export's new version."""
-  served = tf.saved_model.load(str(exported_dir))
-  version = int(served.apply_delta(tf.constant(str(delta_dir))).numpy())
-  tf.train.Checkpoint(served).write(os.path.join(str(exported_dir), "variables",
-                                                 "variables"))
-  info = os.path.join(str(delta_dir), DELTA_INFO)
-  if tf.io.gfile.exists(info):
-    tf.io.gfile.copy(info, os.path.join(str(exported_dir), "assets.extra", DELTA_INFO),
-                     overwrite=True)
+  process does, then writes back. Returns the export's new version.
+
+  Atomic on a local file system: the new version is written beside the
+  export, synced, then exchanged with it in one rename, so a server
+  polling the directory (or a kill at any moment) sees the old version or
+  the new one, whole. Remote paths (gs://, ...) are rewritten in place.
+  """
+  exported_dir, delta_dir = str(exported_dir), str(delta_dir)
+  served = tf.saved_model.load(exported_dir)
+  version = int(served.apply_delta(tf.constant(delta_dir)).numpy())
+  info = os.path.join(delta_dir, DELTA_INFO)
+  if "://" in exported_dir:
+    _write_version(served, exported_dir, info)
+    return version
+  target = os.path.abspath(exported_dir)
+  parent, name = os.path.split(target)
+  stale = f".{name}.applying-"
+  atomic_files.remove_stale(parent, stale)
+  staging = os.path.join(parent, f"{stale}{os.getpid()}")
+  shutil.copytree(target, staging, ignore=lambda d, names: (
+      ["variables"] if os.path.abspath(d) == target else []))
+  _write_version(served, staging, info)
+  atomic_files.replace_directory(staging, target)
   return version
+
+
+def _write_version(served, directory, info):
+  tf.train.Checkpoint(served).write(os.path.join(directory, "variables", "variables"))
+  if tf.io.gfile.exists(info):
+    tf.io.gfile.makedirs(os.path.join(directory, "assets.extra"))
+    tf.io.gfile.copy(info, os.path.join(directory, "assets.extra", DELTA_INFO),
+                     overwrite=True)
