@@ -43,11 +43,13 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
+from tfde import delta_manifest
 from tfde.tables import base as tables_base
+from tfde.tables import restore_checks
 
-MANIFEST = "delta_checkpoints.json"
-TABLES_SUFFIX = ".tables.npz"
-_KEY_SEPARATOR = "|"
+MANIFEST = delta_manifest.MANIFEST
+TABLES_SUFFIX = delta_manifest.TABLES_SUFFIX
+_KEY_SEPARATOR = delta_manifest.KEY_SEPARATOR
 
 logger = logging.getLogger(__name__)
 
@@ -169,11 +171,28 @@ class DeltaCheckpointManager:
   # ---- the chain on disk
 
   def _read_manifest(self):
-    path = os.path.join(self._directory, MANIFEST)
-    if not tf.io.gfile.exists(path):
-      return {"next_number": 1, "links": []}
-    with tf.io.gfile.GFile(path) as f:
-      return json.load(f)
+    # An unreadable record is rebuilt from the files once the model's
+    # tables are known (the next save or restore: _checked_manifest).
+    manifest, self._manifest_problem = delta_manifest.read(self._directory)
+    return manifest if manifest is not None else delta_manifest.empty()
+
+  def _checked_manifest(self):
+    """Checks the record against the links' files; rebuilds it from them,
+    warning with the reason, when it fails or could not be read."""
+    tables = find_tables(self._checkpoint)
+    keys = _checkpoint_keys(self._checkpoint)
+    table_keys = {p: keys[id(t)] for p, t in tables.items()}
+    problem = self._manifest_problem or delta_manifest.problem(
+        self._manifest, self._directory, table_keys)
+    if problem is None:
+      return
+    logger.warning("tfde: %s: %s; rebuilding it from the checkpoint files",
+                   os.path.join(self._directory, MANIFEST), problem)
+    self._manifest = delta_manifest.rebuild(self._directory, self._name, table_keys,
+                                            describe_files)
+    self._manifest_problem = None
+    self._write_manifest()
+    self._marks = self._marked_link = None
 
   def _write_manifest(self):
     write_atomically(os.path.join(self._directory, MANIFEST),
@@ -216,7 +235,8 @@ class DeltaCheckpointManager:
   def clear(self):
     """Deletes every link and the record of them."""
     self._delete(self._manifest["links"])
-    self._manifest = {"next_number": 1, "links": []}
+    self._manifest = delta_manifest.empty()
+    self._manifest_problem = None
     self._write_manifest()
     self._marks = self._marked_link = None
 
@@ -242,6 +262,8 @@ class DeltaCheckpointManager:
     """Writes a link: a delta of the changes since the previous save when
     this process wrote or restored that one and the chain has room, else a
     full checkpoint. Returns its prefix."""
+    if self._manifest_problem:
+      self._checked_manifest()
     number = int(checkpoint_number or self._manifest["next_number"])
     links = self._manifest["links"]
     if links and number <= max(link["number"] for link in links):
@@ -317,7 +339,9 @@ class DeltaCheckpointManager:
     `save_path`): the chain's full checkpoint, then each delta's changes,
     then the rest of the model from the last link. Returns the prefix
     restored, or None when no link could be. Links after the one restored
-    are dropped, and the next save continues its chain."""
+    are dropped, and the next save continues its chain. The record of
+    links is checked against their files first (`tfde.delta_manifest`)."""
+    self._checked_manifest()
     links = self._manifest["links"]
     if save_path is not None:
       prefixes = [self._path(l) for l in links]
@@ -351,6 +375,9 @@ class DeltaCheckpointManager:
     # that does not fit it (another model's tables, a delta of another
     # shape) is refused with the live tables as they were.
     self._check_holds_tables(chain[0], tables)
+    keys = _checkpoint_keys(self._checkpoint)
+    restore_checks.check_tables_in_checkpoint(
+        self._path(chain[0]), tables, {p: keys[id(t)] for p, t in tables.items()})
     deltas = [self._read_changes(link, tables) for link in chain[1:]]
     for link, changes in zip(chain[1:], deltas):
       for table_path, table in tables.items():
