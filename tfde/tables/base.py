@@ -51,6 +51,7 @@ from tfde import comm as comm_lib
 from tfde import inputs
 from tfde import ops
 from tfde.ops import checks
+from tfde.tables import restore_checks
 from tfde.tables import tpu as tpu_tables
 from tfde import optimizers
 
@@ -519,6 +520,8 @@ class Table(tf.Module):
     # Saved through _serialize_to_tensors; a SavedModel for serving holds
     # whole-table copies (tfde.serving).
     del save_type, kwargs
+    if not _tables_left_out():
+      restore_checks.check_during_traversal(self, sys._getframe(1))  # pylint: disable=protected-access
     return {}
 
   def _serialize_to_tensors(self):
