@@ -394,21 +394,27 @@ def apply_delta(exported_dir, delta_dir):
   process does, then writes back. Returns the export's new version.
 
   Atomic on a local file system: the new version is written beside the
-  export, synced, then exchanged with it in one rename, so a server
-  polling the directory (or a kill at any moment) sees the old version or
-  the new one, whole. Remote paths (gs://, ...) are rewritten in place.
+  export, synced, then exchanged with it in one rename (Linux), so a kill
+  at any moment leaves the old version or the new one, whole, and a load
+  that starts before the exchange finds the old files, one after it the
+  new. (A load still running across the exchange reads files by path and
+  may see both: a server loads after it learns of the new version, as it
+  would from a new version directory.) Remote paths (gs://, ...) are
+  rewritten in place.
   """
   exported_dir, delta_dir = str(exported_dir), str(delta_dir)
+  remote = "://" in exported_dir
+  target = exported_dir if remote else os.path.abspath(exported_dir)
+  parent, name = os.path.split(target)
+  stale = f".{name}.applying-"
+  if not remote:   # what a killed apply left beside the export
+    atomic_files.remove_stale(parent, stale)
   served = tf.saved_model.load(exported_dir)
   version = int(served.apply_delta(tf.constant(delta_dir)).numpy())
   info = os.path.join(delta_dir, DELTA_INFO)
-  if "://" in exported_dir:
+  if remote:
     _write_version(served, exported_dir, info)
     return version
-  target = os.path.abspath(exported_dir)
-  parent, name = os.path.split(target)
-  stale = f".{name}.applying-"
-  atomic_files.remove_stale(parent, stale)
   staging = os.path.join(parent, f"{stale}{os.getpid()}")
   shutil.copytree(target, staging, ignore=lambda d, names: (
       ["variables"] if os.path.abspath(d) == target else []))
