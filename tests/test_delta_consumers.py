@@ -84,3 +84,26 @@ def test_a_dropped_consumer_keeps_nothing_and_a_lagging_one_is_bounded(tmp_path)
   manager.release()
   _train(layer, 6)
   assert _recorded(table) == 0 and table.consumers == {}
+
+
+def test_a_manager_past_the_bound_saves_a_full_checkpoint(tmp_path, caplog):
+  """The manager is the lagging consumer: its delta cannot be said, so it
+  saves whole (warning why) and the chain restores the live state."""
+  layer = _layer(limit=6)
+  _train(layer, 0)
+  manager = tfde.checkpoint.DeltaCheckpointManager(
+      tf.train.Checkpoint(layer=layer), tmp_path / "ckpt", full_every_n=100)
+  manager.save()
+  for step in range(1, 4):      # 12 evictions since the manager's mark
+    _train(layer, step)
+  with caplog.at_level("WARNING"):
+    manager.save()
+  assert "passed its bound of 6 ids" in caplog.text
+  assert [link["kind"] for link in manager.links()] == ["full", "full"]
+  want = layer.tables["users"].export_rows()
+  restored = _layer(limit=6)
+  tfde.checkpoint.DeltaCheckpointManager(
+      tf.train.Checkpoint(layer=restored), tmp_path / "ckpt").restore()
+  got = restored.tables["users"].export_rows()
+  for key in want:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)

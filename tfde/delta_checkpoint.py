@@ -258,6 +258,16 @@ class DeltaCheckpointManager:
     return (set(self._marks) == set(tables) and
             all(self._marks[p].lineage == t.lineage for p, t in tables.items()))
 
+  def _changes(self, tables):
+    """Each table's changes since this manager's marks, or None (with a
+    warning naming why) when one cannot say them: its record of evictions
+    passed its bound while this manager lagged. The save is then full."""
+    try:
+      return {p: t.changes_since(self._marks[p], self.consumer) for p, t in tables.items()}
+    except ValueError as e:
+      logger.warning("tfde: %s; %s saves a full checkpoint instead", e, self._directory)
+      return None
+
   def save(self, checkpoint_number=None):
     """Writes a link: a delta of the changes since the previous save when
     this process wrote or restored that one and the chain has room, else a
@@ -278,10 +288,9 @@ class DeltaCheckpointManager:
       raise ValueError(f"checkpoint {prefix} already exists in {self._directory}")
     tables = find_tables(self._checkpoint)
     path = os.path.join(self._directory, prefix)
-    if self._continues_chain(tables):
+    changes = self._changes(tables) if self._continues_chain(tables) else None
+    if changes is not None:
       kind = "delta"
-      changes = {p: t.changes_since(self._marks[p], self.consumer)
-                 for p, t in tables.items()}
       # The rows first: a link on record always has its files.
       buffer = io.BytesIO()
       np.savez(buffer, **{f"{p}{_KEY_SEPARATOR}{key}": np.asarray(value)
