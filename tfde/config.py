@@ -51,6 +51,12 @@ class DynamicConfig:
       recently seen, then smallest id); None for no limit. Growth and
       eviction work together: the table grows freely up to the limit.
     evict_every_steps: How often (in training steps) eviction runs.
+    eviction_record_limit: The most evicted ids a shard keeps on record for
+      consumers of its changes (delta checkpoints, delta exports) that have
+      not yet taken them; past it the oldest are dropped, and a consumer
+      that still needed them gets its next delta refused by name (a full
+      save or export is asked for), so a consumer that stops asking cannot
+      grow the record without end.
   """
 
   admit_after: int = 1
@@ -58,9 +64,10 @@ class DynamicConfig:
   evict_after_steps: Optional[int] = None
   max_rows_per_shard: Optional[int] = None
   evict_every_steps: int = 1
+  eviction_record_limit: int = 1_000_000
 
   def __post_init__(self):
-    for field in ("admit_after", "evict_every_steps"):
+    for field in ("admit_after", "evict_every_steps", "eviction_record_limit"):
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"DynamicConfig.{field} must be an int >= 1, got {value!r}")

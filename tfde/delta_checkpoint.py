@@ -43,11 +43,13 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
+from tfde import delta_manifest
 from tfde.tables import base as tables_base
+from tfde.tables import restore_checks
 
-MANIFEST = "delta_checkpoints.json"
-TABLES_SUFFIX = ".tables.npz"
-_KEY_SEPARATOR = "|"
+MANIFEST = delta_manifest.MANIFEST
+TABLES_SUFFIX = delta_manifest.TABLES_SUFFIX
+_KEY_SEPARATOR = delta_manifest.KEY_SEPARATOR
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +160,9 @@ class DeltaCheckpointManager:
     # each table then, and the link they describe.
     self._marks = None
     self._marked_link = None
+    # Its name as a consumer of the tables' changes (Table.mark).
+    where = self._directory if "://" in self._directory else os.path.abspath(self._directory)
+    self.consumer = f"DeltaCheckpointManager:{where}"
 
   @property
   def directory(self):
@@ -166,11 +171,28 @@ class DeltaCheckpointManager:
   # ---- the chain on disk
 
   def _read_manifest(self):
-    path = os.path.join(self._directory, MANIFEST)
-    if not tf.io.gfile.exists(path):
-      return {"next_number": 1, "links": []}
-    with tf.io.gfile.GFile(path) as f:
-      return json.load(f)
+    # An unreadable record is rebuilt from the files once the model's
+    # tables are known (the next save or restore: _checked_manifest).
+    manifest, self._manifest_problem = delta_manifest.read(self._directory)
+    return manifest if manifest is not None else delta_manifest.empty()
+
+  def _checked_manifest(self):
+    """Checks the record against the links' files; rebuilds it from them,
+    warning with the reason, when it fails or could not be read."""
+    tables = find_tables(self._checkpoint)
+    keys = _checkpoint_keys(self._checkpoint)
+    table_keys = {p: keys[id(t)] for p, t in tables.items()}
+    problem = self._manifest_problem or delta_manifest.problem(
+        self._manifest, self._directory, table_keys)
+    if problem is None:
+      return
+    logger.warning("tfde: %s: %s; rebuilding it from the checkpoint files",
+                   os.path.join(self._directory, MANIFEST), problem)
+    self._manifest = delta_manifest.rebuild(self._directory, self._name, table_keys,
+                                            describe_files)
+    self._manifest_problem = None
+    self._write_manifest()
+    self._marks = self._marked_link = None
 
   def _write_manifest(self):
     write_atomically(os.path.join(self._directory, MANIFEST),
@@ -213,8 +235,16 @@ class DeltaCheckpointManager:
   def clear(self):
     """Deletes every link and the record of them."""
     self._delete(self._manifest["links"])
-    self._manifest = {"next_number": 1, "links": []}
+    self._manifest = delta_manifest.empty()
+    self._manifest_problem = None
     self._write_manifest()
+    self._marks = self._marked_link = None
+
+  def release(self):
+    """This manager asks the tables for no more changes (its next save is
+    full): what only it kept of their record of evictions is dropped."""
+    for table in find_tables(self._checkpoint).values():
+      table.drop_consumer(self.consumer)
     self._marks = self._marked_link = None
 
   # ---- saving
@@ -228,19 +258,39 @@ class DeltaCheckpointManager:
     return (set(self._marks) == set(tables) and
             all(self._marks[p].lineage == t.lineage for p, t in tables.items()))
 
+  def _changes(self, tables):
+    """Each table's changes since this manager's marks, or None (with a
+    warning naming why) when one cannot say them: its record of evictions
+    passed its bound while this manager lagged. The save is then full."""
+    try:
+      return {p: t.changes_since(self._marks[p], self.consumer) for p, t in tables.items()}
+    except ValueError as e:
+      logger.warning("tfde: %s; %s saves a full checkpoint instead", e, self._directory)
+      return None
+
   def save(self, checkpoint_number=None):
     """Writes a link: a delta of the changes since the previous save when
     this process wrote or restored that one and the chain has room, else a
     full checkpoint. Returns its prefix."""
+    if self._manifest_problem:
+      self._checked_manifest()
     number = int(checkpoint_number or self._manifest["next_number"])
+    links = self._manifest["links"]
+    if links and number <= max(link["number"] for link in links):
+      # Links are ordered by number (restore drops the later ones): a
+      # smaller one would be taken for an older link.
+      raise ValueError(
+          f"checkpoint number {number} does not increase: {self._directory} already "
+          f"holds link {max(link['number'] for link in links)}; save with a larger "
+          "number (or none)")
     prefix = f"{self._name}-{number}"
     if any(link["prefix"] == prefix for link in self._manifest["links"]):
       raise ValueError(f"checkpoint {prefix} already exists in {self._directory}")
     tables = find_tables(self._checkpoint)
     path = os.path.join(self._directory, prefix)
-    if self._continues_chain(tables):
+    changes = self._changes(tables) if self._continues_chain(tables) else None
+    if changes is not None:
       kind = "delta"
-      changes = {p: t.changes_since(self._marks[p]) for p, t in tables.items()}
       # The rows first: a link on record always has its files.
       buffer = io.BytesIO()
       np.savez(buffer, **{f"{p}{_KEY_SEPARATOR}{key}": np.asarray(value)
@@ -252,11 +302,11 @@ class DeltaCheckpointManager:
     else:
       kind = "full"
       self._checkpoint.write(path)
-    marks = {p: t.mark() for p, t in tables.items()}
-    if kind == "full":
-      # A new chain starts here: this manager asks for nothing older.
-      for p, t in tables.items():
-        t.forget_changes_before(marks[p].step)
+    marks = {p: t.mark(self.consumer) for p, t in tables.items()}
+    # The next link is a delta of this one, or a new chain: this manager
+    # asks for nothing older (other consumers keep what they need).
+    for p, t in tables.items():
+      t.forget_changes_before(marks[p].step, self.consumer)
     names = sorted(n for n in tf.io.gfile.listdir(self._directory)
                    if n.startswith(prefix + ".") and not n.endswith(".tmp"))
     files = describe_files(self._directory, names)
@@ -298,7 +348,9 @@ class DeltaCheckpointManager:
     `save_path`): the chain's full checkpoint, then each delta's changes,
     then the rest of the model from the last link. Returns the prefix
     restored, or None when no link could be. Links after the one restored
-    are dropped, and the next save continues its chain."""
+    are dropped, and the next save continues its chain. The record of
+    links is checked against their files first (`tfde.delta_manifest`)."""
+    self._checked_manifest()
     links = self._manifest["links"]
     if save_path is not None:
       prefixes = [self._path(l) for l in links]
@@ -332,6 +384,9 @@ class DeltaCheckpointManager:
     # that does not fit it (another model's tables, a delta of another
     # shape) is refused with the live tables as they were.
     self._check_holds_tables(chain[0], tables)
+    keys = _checkpoint_keys(self._checkpoint)
+    restore_checks.check_tables_in_checkpoint(
+        self._path(chain[0]), tables, {p: keys[id(t)] for p, t in tables.items()})
     deltas = [self._read_changes(link, tables) for link in chain[1:]]
     for link, changes in zip(chain[1:], deltas):
       for table_path, table in tables.items():
@@ -346,7 +401,7 @@ class DeltaCheckpointManager:
     if len(chain) > 1:
       with tables_base.tables_left_out():
         self._checkpoint.read(self._path(chain[-1])).expect_partial()
-    self._marks = {p: t.mark() for p, t in tables.items()}
+    self._marks = {p: t.mark(self.consumer) for p, t in tables.items()}
     self._marked_link = chain[-1]["prefix"]
 
   def _check_holds_tables(self, link, tables):

@@ -45,9 +45,11 @@ Every file but `delta.json` is one serialized `TensorProto`
 import json
 import os
 import random
+import shutil
 
 import tensorflow as tf
 
+from tfde import atomic_files
 from tfde import layers as layers_lib
 from tfde.ops import reference
 
@@ -280,14 +282,26 @@ def export_for_serving(model_or_layer, path, example_inputs):
   finally:
     for layer in embedding_layers:
       layer.serve_from(None)
-  _write_info(os.path.join(path, "assets.extra"), version, entries)
+  _write_info(os.path.join(path, "assets.extra"), version, entries, chain=version)
 
 
-def _write_info(directory, version, entries, **extra):
+def _consumer(chain):
+  """The name an export chain's marks are taken under (Table.mark)."""
+  return f"serving export chain {chain}"
+
+
+def _write_info(directory, version, entries, chain, **extra):
   tf.io.gfile.makedirs(directory)
-  info = dict(version=version, tables=[f"{layer}/{name}" for layer, name, _, _ in entries],
-              marks={f"{layer}/{name}": table.mark().to_config()
-                     for layer, name, table, _ in entries}, **extra)
+  marks = {}
+  for layer, name, table, _ in entries:
+    mark = table.mark(_consumer(chain))
+    # The chain's next delta is taken from this one: it asks for nothing
+    # older (other chains and checkpoint managers keep what they need).
+    table.forget_changes_before(mark.step, _consumer(chain))
+    marks[f"{layer}/{name}"] = mark.to_config()
+  info = dict(version=version, chain=chain,
+              tables=[f"{layer}/{name}" for layer, name, _, _ in entries],
+              marks=marks, **extra)
   with tf.io.gfile.GFile(os.path.join(directory, DELTA_INFO), "w") as f:
     f.write(json.dumps(info, indent=1))
   return info
@@ -333,6 +347,7 @@ def export_delta(model_or_layer, path, base):
     raise ValueError(f"{base} holds the tables {base_info['tables']}, the model "
                      f"{names}")
   from tfde.tables import base as tables_base  # pylint: disable=g-import-not-at-top
+  chain = base_info.get("chain", base_info["version"])
   files, rows_written = [], 0
   changes = []
   for (layer, name, table, _), key in zip(entries, names):
@@ -341,7 +356,7 @@ def export_delta(model_or_layer, path, base):
       raise ValueError(f"table {name!r} of layer {layer!r} was loaded or replaced "
                        f"after {base} was written: export it whole "
                        "(export_for_serving)")
-    changes.append(table.changes_since(mark))
+    changes.append(table.changes_since(mark, _consumer(chain)))
   tf.io.gfile.makedirs(str(path))
   version = _new_version()
   files.append(("VERSION", tf.constant([base_info["version"], version], tf.int64)))
@@ -359,20 +374,58 @@ def export_delta(model_or_layer, path, base):
                                 contents + [tf.io.serialize_tensor(fingerprints)]):
     tf.io.write_file(os.path.join(str(path), name), content)
     sizes += len(content.numpy())
-  return _write_info(str(path), version, entries, base_version=base_info["version"],
+  return _write_info(str(path), version, entries, chain, base_version=base_info["version"],
                      rows=rows_written, bytes=sizes)
+
+
+def drop_delta_chain(model_or_layer, path):
+  """The export chain of `path` (an export or one of its deltas) will take
+  no more deltas: what only it kept of the tables' record of evictions is
+  dropped (its next `export_delta` is refused; export whole)."""
+  info = _read_info(str(path))
+  for layer in _embedding_layers(model_or_layer):
+    for table in layer.tables.values():
+      table.drop_consumer(_consumer(info.get("chain", info["version"])))
 
 
 def apply_delta(exported_dir, delta_dir):
   """Applies the delta in `delta_dir` to the export in `exported_dir` on
   disk (its variables are rewritten), with stock TF only: what a serving
-  process does, then writes back. Returns the export's new version."""
-  served = tf.saved_model.load(str(exported_dir))
-  version = int(served.apply_delta(tf.constant(str(delta_dir))).numpy())
-  tf.train.Checkpoint(served).write(os.path.join(str(exported_dir), "variables",
-                                                 "variables"))
-  info = os.path.join(str(delta_dir), DELTA_INFO)
-  if tf.io.gfile.exists(info):
-    tf.io.gfile.copy(info, os.path.join(str(exported_dir), "assets.extra", DELTA_INFO),
-                     overwrite=True)
+  process does, then writes back. Returns the export's new version.
+
+  Atomic on a local file system: the new version is written beside the
+  export, synced, then exchanged with it in one rename (Linux), so a kill
+  at any moment leaves the old version or the new one, whole, and a load
+  that starts before the exchange finds the old files, one after it the
+  new. (A load still running across the exchange reads files by path and
+  may see both: a server loads after it learns of the new version, as it
+  would from a new version directory.) Remote paths (gs://, ...) are
+  rewritten in place.
+  """
+  exported_dir, delta_dir = str(exported_dir), str(delta_dir)
+  remote = "://" in exported_dir
+  target = exported_dir if remote else os.path.abspath(exported_dir)
+  parent, name = os.path.split(target)
+  stale = f".{name}.applying-"
+  if not remote:   # what a killed apply left beside the export
+    atomic_files.remove_stale(parent, stale)
+  served = tf.saved_model.load(exported_dir)
+  version = int(served.apply_delta(tf.constant(delta_dir)).numpy())
+  info = os.path.join(delta_dir, DELTA_INFO)
+  if remote:
+    _write_version(served, exported_dir, info)
+    return version
+  staging = os.path.join(parent, f"{stale}{os.getpid()}")
+  shutil.copytree(target, staging, ignore=lambda d, names: (
+      ["variables"] if os.path.abspath(d) == target else []))
+  _write_version(served, staging, info)
+  atomic_files.replace_directory(staging, target)
   return version
+
+
+def _write_version(served, directory, info):
+  tf.train.Checkpoint(served).write(os.path.join(directory, "variables", "variables"))
+  if tf.io.gfile.exists(info):
+    tf.io.gfile.makedirs(os.path.join(directory, "assets.extra"))
+    tf.io.gfile.copy(info, os.path.join(directory, "assets.extra", DELTA_INFO),
+                     overwrite=True)

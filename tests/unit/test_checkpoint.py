@@ -86,9 +86,9 @@ def test_checkpoint_of_another_config_is_refused_naming_the_table(tmp_path):
   sgd = tfde.TableConfig(name="A", vocabulary_size=37, embedding_dim=4,
                          optimizer="adagrad")
   other = h.sharded_lookup({"f": tfde.FeatureConfig(name="f", table=sgd)})
-  # TensorFlow itself refuses first, naming the table's missing slot.
-  with pytest.raises(tf.errors.NotFoundError,
-                     match=r"tables/A/.ATTRIBUTES/slot_accumulator not found"):
+  # Refused before TensorFlow reads anything, naming the table's missing slot.
+  with pytest.raises(ValueError, match=r"table 'A': the checkpoint lacks "
+                                       r"\['slot_accumulator'\].*nothing was restored"):
     tf.train.Checkpoint(lookup=other).read(path)
 
 

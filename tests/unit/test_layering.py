@@ -16,14 +16,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LAYERS = (
     ("command", ("tfde.app", "tfde_cli")),
     ("front doors", ("tfde.layers", "tfde.compat", "tfde.serving", "tfde.checkpoint",
-                     "tfde.delta_checkpoint", "tfde.dtensor", "tfde.nn", "tfde.feature_column",
+                     "tfde.delta_checkpoint", "tfde.delta_manifest", "tfde.dtensor", "tfde.nn",
+                     "tfde.feature_column",
                      "tfde.keras_support", "tfde.tpu")),
     ("pipeline", ("tfde.lookup", "tfde.group_step", "tfde.inputs", "tfde.input_checks",
                   "tfde.routing", "tfde.exchange_kind", "tfde.groups")),
     ("tables", ("tfde.tables", "tfde.placement", "tfde.initializers", "tfde.planner",
                 "tfde.optimizers")),
     ("ops and communicators", ("tfde.ops", "tfde.comm")),
-    ("foundations", ("tfde.config", "tfde.sharding", "tfde.collective_keys",
+    ("foundations", ("tfde.config", "tfde.sharding", "tfde.collective_keys", "tfde.atomic_files",
                      "tfde._build_info")),
 )
 

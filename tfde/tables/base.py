@@ -52,6 +52,7 @@ from tfde import inputs
 from tfde import ops
 from tfde import optimizers
 from tfde.ops import checks
+from tfde.tables import restore_checks
 from tfde.tables import tpu as tpu_tables
 
 SLOT_PREFIX = "slot_"
@@ -417,32 +418,42 @@ class Table(tf.Module):
   # Each kind records, as it trains, when each row last changed (static
   # tables: the step of its last update, per shard; dynamic tables: the
   # step each row was last seen, kept by the store, and the step each
-  # evicted id left). A consumer keeps the mark of its last save and asks
-  # for what changed since; any number of consumers share the record, down
-  # to the oldest step one of them forgot (`forget_changes_before`, which a
-  # `DeltaCheckpointManager` calls at each full save): an older mark is then
-  # refused by name.
+  # evicted id left). A consumer (a `DeltaCheckpointManager`, an export
+  # chain of `tfde.serving.export_delta`) takes marks under its own name and
+  # says, with `forget_changes_before`, from which step on it will still
+  # ask; the record keeps what the oldest consumer on record needs, so
+  # consumers do not forget for one another. `drop_consumer` lets one go;
+  # a dynamic table's record is bounded (`DynamicConfig.eviction_record_limit`)
+  # so that a consumer that never returns cannot pin memory: its next
+  # delta is then refused by name, asking for a full save or export.
 
-  def mark(self):
-    """The table's `ChangeMark` now (eager)."""
+  def mark(self, consumer=None):
+    """The table's `ChangeMark` now (eager), taken for `consumer` (a name;
+    None: the anonymous consumer)."""
+    del consumer
     return ChangeMark(self.lineage, self.step_value())
 
   def _replaced(self):
     # The contents were replaced wholesale: no earlier mark describes them.
     self.lineage = _new_lineage()
 
-  def forget_changes_before(self, step):
-    """A consumer that will ask for no changes before `step` lets the table
-    drop what it keeps only for such questions (a dynamic table's evicted
-    ids); a later `changes_since` of an older mark is then refused by name.
-    Nothing to drop here."""
-    del step
+  def forget_changes_before(self, step, consumer=None):
+    """`consumer` will ask for no changes before `step`: the table may drop
+    what it keeps only for such questions once no other consumer needs it
+    (a dynamic table's evicted ids); that consumer's `changes_since` of an
+    older mark is then refused by name. Nothing to drop here."""
+    del step, consumer
+
+  def drop_consumer(self, consumer):
+    """`consumer` will ask for no more changes: what only it needed is
+    dropped. Nothing to drop here."""
+    del consumer
 
   def change_keys(self):
     """The keys of `changes_since`'s dict."""
     return [CHANGED_IDS] + self.state_keys()
 
-  def changes_since(self, mark):
+  def changes_since(self, mark, consumer=None):
     """dict of numpy arrays: what changed since `mark` (eager; a collective
     when shards live in other processes). `ids` [k] (sorted global ids) and
     one [k, ...] array per row field of `state()` (rows, slots, counters)
@@ -450,7 +461,10 @@ class Table(tf.Module):
     evicted since (`removed_ids`) and their pending ids whole. A superset of
     the changed rows may come back, never a subset. Raises ValueError
     naming the table when `mark` is of another lineage (the table was
-    loaded or replaced since: only a full state describes it)."""
+    loaded or replaced since: only a full state describes it), or, for a
+    dynamic table, when `consumer`'s mark is older than the record of
+    evictions it kept (the error names the consumer)."""
+    del consumer
     if mark is None or mark.lineage != self.lineage:
       raise ValueError(f"table {self.name!r} was built, loaded or replaced "
                        "after the mark: its changes since are unknown; save "
@@ -506,6 +520,8 @@ class Table(tf.Module):
     # Saved through _serialize_to_tensors; a SavedModel for serving holds
     # whole-table copies (tfde.serving).
     del save_type, kwargs
+    if not _tables_left_out():
+      restore_checks.check_during_traversal(self, sys._getframe(1))  # pylint: disable=protected-access
     return {}
 
   def _serialize_to_tensors(self):

@@ -74,6 +74,10 @@ class DynamicTable(base.Table):
     self.gradient_variables = {}
     self.evicted_at = {}
     self.evictions_recorded_from = {}
+    self.evictions_trimmed_to = {}
+    # consumer name -> the step from which it will still ask for changes
+    # (`mark`, `forget_changes_before`); process-local, like the marks.
+    self.consumers = {}
     for replica in self.comm.local_replicas():
       suffix = f"shard_{replica}_of_{self.num_shards}"
       if self.holds_rows(replica):
@@ -90,6 +94,11 @@ class DynamicTable(base.Table):
         # would grow by an entry per eviction).
         self.evictions_recorded_from[replica] = comm_lib.local_variable(
             tf.constant(-1, tf.int64), f"{self.name}/{suffix}/evictions_recorded_from",
+            device=self.comm.replica_device(replica))
+        # The step up to which the bound last dropped evictions (-1: never):
+        # a consumer refused below it is told why.
+        self.evictions_trimmed_to[replica] = comm_lib.local_variable(
+            tf.constant(-1, tf.int64), f"{self.name}/{suffix}/evictions_trimmed_to",
             device=self.comm.replica_device(replica))
       self._new_step_variable(replica, suffix)
       # A [0, D] stand-in that gradients are taken with respect to when a
@@ -180,6 +189,8 @@ class DynamicTable(base.Table):
               lambda: self.evicted_at[replica].insert(ids, tf.fill(tf.shape(ids), step)),
               tf.no_op)
           with tf.control_dependencies([noted]):
+            bounded = self._bound_record(replica)
+          with tf.control_dependencies([bounded]):
             return tf.size(ids, out_type=tf.int64)
 
         with tf.control_dependencies([applied]):
@@ -191,6 +202,26 @@ class DynamicTable(base.Table):
 
     with tf.device(self.comm.replica_device(replica)):
       return self.guard_nonfinite(replica, finite, apply)
+
+  def _bound_record(self, replica):
+    """An op keeping `replica`'s record of evictions within
+    `eviction_record_limit`: past it, the oldest steps' ids are dropped and
+    the record starts after them."""
+    record = self.evicted_at[replica]
+    limit = self.config.dynamic.eviction_record_limit
+
+    def trim():
+      ids, steps = record.export()
+      ids, steps = tf.reshape(ids, [-1]), tf.reshape(steps, [-1])
+      cutoff = tf.sort(steps)[tf.size(steps, out_type=tf.int64) - limit]
+      removed = record.remove(tf.boolean_mask(ids, steps <= cutoff))
+      with tf.control_dependencies([removed]):
+        recorded_from = self.evictions_recorded_from[replica]
+        return tf.group(
+            recorded_from.assign(tf.maximum(recorded_from.read_value(), cutoff)),
+            self.evictions_trimmed_to[replica].assign(cutoff))
+
+    return tf.cond(record.size() > limit, trim, tf.no_op)
 
   def gradient_variable(self, replica):
     return self.gradient_variables[replica]
@@ -321,35 +352,82 @@ class DynamicTable(base.Table):
 
   def _forget_evictions(self):
     """[ops] emptying the record of evicted ids and stopping it until the
-    next mark."""
+    next mark (its consumers' marks speak of other contents)."""
+    self.consumers = {}
     ops = []
     for replica, evicted_at in self.evicted_at.items():
       ids, _ = evicted_at.export()
       ops += [evicted_at.remove(tf.reshape(ids, [-1])),
-              self.evictions_recorded_from[replica].assign(-1)]
+              self.evictions_recorded_from[replica].assign(-1),
+              self.evictions_trimmed_to[replica].assign(-1)]
     return ops
 
-  def mark(self):
+  def mark(self, consumer=None):
     """As every table's; the first mark (the first after the contents were
-    replaced) also starts the record of evicted ids (`changes_since`
-    reports them), which until then is not kept."""
+    replaced, or after every consumer was dropped) also starts the record
+    of evicted ids (`changes_since` reports them), which until then is not
+    kept. A consumer new to the table needs the record from this step."""
     mark = super().mark()
     for recorded_from in self.evictions_recorded_from.values():
       if recorded_from.numpy() < 0:
         recorded_from.assign(mark.step)
+    self.consumers.setdefault(consumer or "", mark.step)
     return mark
 
-  def _check_eviction_record(self, step):
-    for recorded_from in self.evictions_recorded_from.values():
+  def forget_changes_before(self, step, consumer=None):
+    """`consumer` asks for no changes before `step` (eager): the record
+    drops the ids evicted at or before the oldest step any consumer still
+    needs; older marks are then refused by name. From the first mark on,
+    the record grows by an entry an eviction until its consumers move on
+    (`DeltaCheckpointManager` at each save, an export chain at each delta)
+    or it reaches `DynamicConfig.eviction_record_limit`."""
+    name = consumer or ""
+    self.consumers[name] = max(int(step), self.consumers.get(name, int(step)))
+    self._trim_to_consumers()
+
+  def drop_consumer(self, consumer):
+    """`consumer` asks for no more changes (eager); with no consumer left
+    the record is emptied and stopped until the next mark."""
+    self.consumers.pop(consumer or "", None)
+    self._trim_to_consumers()
+
+  def _trim_to_consumers(self):
+    if not self.consumers:
+      self._forget_evictions()
+      return
+    floor = min(self.consumers.values())
+    for replica, evicted_at in self.evicted_at.items():
+      ids, steps = evicted_at.export()
+      evicted_at.remove(tf.boolean_mask(tf.reshape(ids, [-1]),
+                                        tf.reshape(steps, [-1]) <= floor))
+      recorded_from = self.evictions_recorded_from[replica]
+      if 0 <= recorded_from.numpy() < floor:
+        recorded_from.assign(floor)
+
+  def changes_since(self, mark, consumer=None):
+    if mark is not None and mark.lineage == self.lineage:
+      self._check_eviction_record(mark.step, consumer)
+    return super().changes_since(mark, consumer)
+
+  def _check_eviction_record(self, step, consumer=None):
+    who = f" (consumer {consumer!r})" if consumer else ""
+    for replica, recorded_from in self.evictions_recorded_from.items():
       start = int(recorded_from.numpy())
       if start < 0 or start > step:
-        kept = ("no mark was taken before it, so no evictions are on record"
-                if start < 0 else
-                f"the record starts at step {start}: older evictions were forgotten "
-                "(forget_changes_before, at a full save)")
+        trimmed = int(self.evictions_trimmed_to[replica].numpy())
+        if start < 0:
+          kept = "no mark was taken before it, so no evictions are on record"
+        elif trimmed >= step:
+          kept = (f"the record starts at step {start}: it passed its bound of "
+                  f"{self.config.dynamic.eviction_record_limit} ids a shard "
+                  "(DynamicConfig.eviction_record_limit) while this consumer lagged")
+        else:
+          kept = (f"the record starts at step {start}: older evictions were forgotten "
+                  "(forget_changes_before: every consumer on record had moved past them)")
         raise ValueError(
-            f"table {self.name!r}: the ids evicted since step {step} are not on record "
-            f"({kept}); its changes since are unknown; save it whole")
+            f"table {self.name!r}{who}: the ids evicted since step {step} are not on "
+            f"record ({kept}); its changes since are unknown; save it whole "
+            "(a full checkpoint or export)")
 
   def _changes_since_step(self, step):
     self._check_eviction_record(step)
@@ -390,20 +468,6 @@ class DynamicTable(base.Table):
   def apply_changes(self, changes):
     self.check_changes(changes)
     self.load_state(merge_changes(self.export_rows(), changes))
-
-  def forget_changes_before(self, step):
-    """Drops the record of ids evicted at or before `step` (eager): marks
-    older than it can no longer be asked for changes (that is a clear
-    error). From the first mark on, the record grows by an entry an
-    eviction until then; `DeltaCheckpointManager` forgets at each full
-    save."""
-    for replica, evicted_at in self.evicted_at.items():
-      ids, steps = evicted_at.export()
-      evicted_at.remove(tf.boolean_mask(tf.reshape(ids, [-1]),
-                                        tf.reshape(steps, [-1]) <= step))
-      recorded_from = self.evictions_recorded_from[replica]
-      if recorded_from.numpy() >= 0:
-        recorded_from.assign(step)
 
   # ---- views (eager)
 

@@ -1,0 +1,82 @@
+"""tfde.serving.apply_delta on disk is atomic: killed at any moment of its
+write, it leaves the export at the old version or the new one, whole (a
+server polling the directory loads either, never a broken one)."""
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfde
+
+KILLS = 8
+WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "workers", "apply_delta_kill_worker.py")
+
+
+def _export_and_delta(tmp_path):
+  # Large enough that writing the variables takes a while (~0.1 s here).
+  table = tfde.layers.TableConfig(name="t", vocabulary_size=400_000, embedding_dim=16,
+                                  optimizer="sgd")
+  layer = tfde.layers.DistributedEmbedding(
+      {"f": tfde.layers.FeatureConfig(name="f", table=table)})
+  ids = tf.constant([[1, 2, 3]], tf.int64)
+  tfde.export_for_serving(layer, str(tmp_path / "pristine"), {"f": ids})
+  old = layer({"f": ids})["f"].numpy()
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(layer({"f": ids})["f"])
+  tape.gradient(loss, layer.trainable_variables)
+  new = layer({"f": ids})["f"].numpy()
+  info = tfde.serving.export_delta(layer, str(tmp_path / "delta"), base=tmp_path / "pristine")
+  assert not np.array_equal(old, new)
+  return ids, old, new, info
+
+
+def test_a_kill_during_apply_delta_leaves_the_old_or_the_new_version(tmp_path):
+  ids, old, new, info = _export_and_delta(tmp_path)
+  env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(WORKER)))))
+  rng = random.Random(0)
+  seen = []
+  for attempt in range(KILLS):
+    target = tmp_path / "export"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(tmp_path / "pristine", target)
+    worker = subprocess.Popen(
+        [sys.executable, WORKER, str(tmp_path / "pristine"), str(tmp_path / "scratch"),
+         str(target), str(tmp_path / "delta")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = worker.stdout.readline().split()
+    assert line and line[0] == "applying", worker.stderr.read()[-3000:]
+    before_write, total = float(line[1]), float(line[2])
+    time.sleep(rng.uniform(before_write, 1.1 * total))
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    # What a server polling the directory loads now.
+    try:
+      served = tf.saved_model.load(str(target))
+    except Exception as e:  # pylint: disable=broad-except
+      raise AssertionError(f"kill {attempt} ({seen}) left an export that does not "
+                           f"load: {e}") from None
+    got = served.serve({"f": ids})["f"].numpy()
+    version = int(served.delta_version.numpy())
+    if version == info["version"]:
+      np.testing.assert_allclose(got, new, rtol=1e-5, atol=1e-6)
+      seen.append("new")
+    else:
+      assert version == info["base_version"]
+      np.testing.assert_allclose(got, old, rtol=1e-5, atol=1e-6)
+      seen.append("old")
+  # What a killed run left beside the export goes with the next apply.
+  if seen[-1] == "old":
+    tfde.serving.apply_delta(str(target), str(tmp_path / "delta"))
+  else:
+    with pytest.raises(tf.errors.InvalidArgumentError, match="another version"):
+      tfde.serving.apply_delta(str(target), str(tmp_path / "delta"))
+  assert not [n for n in os.listdir(tmp_path) if n.startswith(".export.")], os.listdir(tmp_path)
+  assert int(tf.saved_model.load(str(target)).delta_version.numpy()) == info["version"]
