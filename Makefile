@@ -217,11 +217,13 @@ gpu-bench:
 # processes; prints the cases tried, the distinct errors and every finding
 # (crashes, wrong results, accepted malformed input, disallowed errors, state
 # changed on an error, backends that disagree), and fails if there is one.
-# `make test` runs one fixed-seed cycle (tests/test_fuzz.py).
-FUZZ_SEED ?= 1
+# Each run draws a new seed and prints it; FUZZ_SEED=S reproduces one.
+# `make test` runs one fixed-seed cycle (tests/test_fuzz.py) and the fixed
+# findings of tests/fuzz_regressions.py.
+FUZZ_SEED ?=
 FUZZ_CASES ?= 3340
 fuzz: ops
-	$(PY) -m tests.fuzz_cases --seed $(FUZZ_SEED) --cases $(FUZZ_CASES) $(FUZZ_ARGS)
+	$(PY) -m tests.fuzz_cases $(if $(FUZZ_SEED),--seed $(FUZZ_SEED)) --cases $(FUZZ_CASES) $(FUZZ_ARGS)
 
 # tfde.dtensor: every optimizer on meshes of 1, 2 and 4 logical CPUs and a
 # 2 x 2 "batch" x "model" mesh
