@@ -33,6 +33,7 @@ import time
 from tfde.app.config import (  # noqa: F401 (the schema, re-exported)
     ConfigError, DataConfig, DenseOptimizerConfig, JobConfig, ModelConfig,
     SparseFeatureConfig, TableOptimizerConfig, TrainingConfig, load_config)
+from tfde.app import limits
 from tfde.app.model import build_model, most_ids_per_sample
 from tfde.app.report import (TensorBoardLog, exchange_statistics, save_checkpoint,
                              shard_stats, write_projector, write_report)
@@ -273,12 +274,21 @@ def train_command(args):
     plan_path = getattr(args, "plan", None)
     if plan_path:
       _check_readable(plan_path, "--plan", args.config)
+    limits.check_fits_memory(config, args.config)
     run_job(config, data_path=args.data, report_dir=args.report_dir,
             config_file=args.config, projector=tuple(args.projector),
             delta_every=getattr(args, "delta_every", 0), plan_path=plan_path)
   except (ConfigError, data_lib.DataError) as e:
     print(f"tfde: error: {e}", file=sys.stderr)
     return 2
+  except Exception as e:  # pylint: disable=broad-except
+    # A disk that fills up mid-run (a report, a checkpoint, an export):
+    # OSError from Python's writes, an OpError from TensorFlow's.
+    line = limits.disk_full(e)
+    if line is None:
+      raise
+    print(f"tfde: error: {line}", file=sys.stderr)
+    return 1
   return 0
 
 

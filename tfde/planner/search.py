@@ -9,7 +9,7 @@ import numpy as np
 
 from tfde import exchange_kind
 from tfde import routing
-from tfde.planner.layout import ShardingPlan, TableLayout
+from tfde.planner.layout import ShardingPlan, TableLayout, check_memory_budget
 from tfde.planner.cost import (CostModel, _Load, _table_configs, exchanging_rows, layout_load,
                                table_stats)
 
@@ -111,9 +111,7 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
   cost = cost_model or CostModel()
   if not isinstance(num_replicas, int) or num_replicas < 1:
     raise ValueError(f"num_replicas must be an int >= 1, got {num_replicas!r}")
-  if memory_per_replica_bytes is not None and memory_per_replica_bytes <= 0:
-    raise ValueError(f"memory_per_replica_bytes must be positive, got "
-                     f"{memory_per_replica_bytes}")
+  check_memory_budget(memory_per_replica_bytes)
   _check_workers(num_replicas, replicas_per_worker)
   tables = _table_configs(feature_configs)
   configs = {name: cfg for name, (cfg, _) in tables.items()}
