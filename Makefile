@@ -176,17 +176,19 @@ gpu-bench:
 	TF_FORCE_GPU_ALLOW_GROWTH=true $(GPU_PYTHON) bench/gpu_bench.py
 	TF_FORCE_GPU_ALLOW_GROWTH=true $(GPU_PYTHON) bench/gpu_bench.py --profile
 
-# FUZZ_CASES generated malformed calls of every public op, each on the
-# kernels and on the twins, in child processes; prints the cases tried, the
-# distinct errors and every finding (crashes, wrong results, accepted
-# malformed input, disallowed errors, state changed on an error, backends
-# that disagree), and fails if there is one. `make test` runs one
-# fixed-seed cycle (tests/fuzz/test_fuzz.py).
-FUZZ_SEED ?= 1
+# FUZZ_CASES generated malformed
+# calls of every public op, each on the kernels and on the twins, in child
+# processes; prints the cases tried, the distinct errors and every finding
+# (crashes, wrong results, accepted malformed input, disallowed errors, state
+# changed on an error, backends that disagree), and fails if there is one.
+# Each run draws a new seed and prints it; FUZZ_SEED=S reproduces one.
+# `make test` runs one fixed-seed cycle (tests/fuzz/test_fuzz.py) and the fixed
+# findings of tests/fuzz/fuzz_regressions.py.
+FUZZ_SEED ?=
 FUZZ_CASES ?= 3340
 ## fuzz: a long fuzz run of every public op (FUZZ_CASES, FUZZ_SEED)
 fuzz: ops
-	$(PY) -m tests.fuzz.fuzz_cases --seed $(FUZZ_SEED) --cases $(FUZZ_CASES) $(FUZZ_ARGS)
+	$(PY) -m tests.fuzz.fuzz_cases $(if $(FUZZ_SEED),--seed $(FUZZ_SEED)) --cases $(FUZZ_CASES) $(FUZZ_ARGS)
 
 ## dtensor-test: tfde.dtensor with every optimizer on meshes of 1, 2, 4 and 2 x 2 devices
 dtensor-test: ops

@@ -42,9 +42,11 @@ Every file but `delta.json` is one serialized `TensorProto`
 (a deleted id's row stays unused until the next full export).
 """
 
+import itertools
 import json
 import os
 import random
+import re
 import shutil
 
 import tensorflow as tf
@@ -54,14 +56,64 @@ from tfde import layers as layers_lib
 from tfde.ops import reference
 
 
-def _spec(value):
+def _spec(value, name=None):
   if isinstance(value, tf.RaggedTensor):
     return tf.RaggedTensorSpec([None, None], value.dtype, ragged_rank=1,
                                row_splits_dtype=value.row_splits.dtype)
   if isinstance(value, tf.SparseTensor):
     return tf.SparseTensorSpec([None, value.shape[1]], value.dtype)
   value = tf.convert_to_tensor(value)
-  return tf.TensorSpec([None] + value.shape.as_list()[1:], value.dtype)
+  return tf.TensorSpec([None] + value.shape.as_list()[1:], value.dtype, name=name)
+
+
+def _signature(example_inputs):
+  """The specs of `example_inputs`, a dense tensor's named after its path
+  in the inputs (a feature's name), so that `serving_default` takes
+  {"user_id": ..., "movie_id": ...}, not {"inputs": ..., "inputs_1": ...}.
+
+  >>> _signature({"user": tf.constant([[1]]), "movie": tf.constant([[2]])})["user"].name
+  'user'
+  """
+  def named(value, path):
+    if isinstance(value, dict):
+      return type(value)((k, named(v, path + [str(k)])) for k, v in value.items())
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+      return type(value)(named(v, path + [str(i)]) for i, v in enumerate(value))
+    # Signature names: letters, digits and _ . - / (TensorFlow's rule).
+    name = re.sub(r"[^A-Za-z0-9_.\-/]", "_", "/".join(path)) or "inputs"
+    return _spec(value, re.sub(r"^[^A-Za-z0-9.]", "x", name))
+
+  return named(example_inputs, [])
+
+
+# Ids of int32 and int64 are both ids (training takes either), so `serve`
+# takes each id input in either dtype, in any mix across features: one
+# traced function per mix, 2**k for k id inputs. Each is a copy of the
+# serving graph in the SavedModel, so mixes are traced for at most this
+# many id inputs (16 functions); beyond it the export serves the example's
+# dtypes, all int32 and all int64.
+MAX_MIXED_ID_INPUTS = 4
+
+
+def _id_dtype_mixes(signature):
+  """The specs of every int32 / int64 mix of `signature`'s id inputs other
+  than its own (see MAX_MIXED_ID_INPUTS)."""
+  flat = tf.nest.flatten(signature, expand_composites=False)
+  ids = [i for i, spec in enumerate(flat) if spec.dtype in (tf.int32, tf.int64)]
+  if len(ids) <= MAX_MIXED_ID_INPUTS:
+    choices = itertools.product((False, True), repeat=len(ids))
+  else:  # all int64 (swap the int32 ones), all int32 (swap the int64 ones)
+    choices = [tuple(flat[i].dtype == want for i in ids) for want in (tf.int32, tf.int64)]
+  mixes = []
+  for swap in choices:
+    if not any(swap):
+      continue
+    new = list(flat)
+    for i, swapped in zip(ids, swap):
+      if swapped:
+        new[i] = _other_index_dtype(flat[i])
+    mixes.append(tf.nest.pack_sequence_as(signature, new))
+  return mixes
 
 
 def _other_index_dtype(spec):
@@ -78,7 +130,7 @@ def _other_index_dtype(spec):
                                row_splits_dtype=spec.row_splits_dtype)
   if isinstance(spec, tf.SparseTensorSpec):
     return tf.SparseTensorSpec(spec.shape, swapped)
-  return tf.TensorSpec(spec.shape, swapped)
+  return tf.TensorSpec(spec.shape, swapped, name=spec.name)
 
 
 def _embedding_layers(model_or_layer):
@@ -252,7 +304,7 @@ def export_for_serving(model_or_layer, path, example_inputs):
           full[name] = tf.Variable(table.state(keys=("table",))["table"], trainable=False,
                                    name=f"{layer.name}_{name}")
     tables[layer.name] = full
-  signature = tf.nest.map_structure(_spec, example_inputs)
+  signature = _signature(example_inputs)
 
   entries = _table_entries(embedding_layers, tables)
   version = _new_version()
@@ -268,15 +320,14 @@ def export_for_serving(model_or_layer, path, example_inputs):
       return outputs
 
     concrete = serve.get_concrete_function(signature)
-    # Training takes int32 and int64 ids alike, so `serve` takes the other
-    # index dtype too where the model traces with it (the signature keeps
-    # the example's).
-    other = tf.nest.map_structure(_other_index_dtype, signature)
-    if other != signature:
+    # Training takes int32 and int64 ids alike, so `serve` takes either
+    # for each id input where the model traces with it (the signature
+    # keeps the example's dtypes).
+    for mix in _id_dtype_mixes(signature):
       try:
-        serve.get_concrete_function(other)
+        serve.get_concrete_function(mix)
       except (TypeError, ValueError):
-        pass  # a model that refuses it serves the example's dtype only
+        pass  # a model that refuses a mix serves without it
     served.serve = serve
     tf.saved_model.save(served, path, signatures={"serving_default": concrete})
   finally:

@@ -35,8 +35,11 @@ Per job the record holds the outcome:
   crash     the child died of a signal (or hung) in this job
 and whether a table, slot or dynamic store changed on an error.
 
-`make fuzz` runs `python -m tests.fuzz.fuzz_cases --seed S --cases N` and prints
-the summary; tests/fuzz/test_fuzz.py runs a fixed seed as part of `make test`.
+`make fuzz` runs `python -m tests.fuzz.fuzz_cases --cases N`, which draws a new
+seed each run and prints it first (a fixed seed only finds what it found
+once); `--seed S` (or FUZZ_SEED=S) reproduces a run. tests/fuzz/test_fuzz.py
+runs a fixed seed as part of `make test`, and a finding's (seed, case)
+becomes an entry of tests/fuzz/fuzz_regressions.py once fixed.
 
 This module is the entry point and reports a run (findings, summary). The
 rest lives beside it: fuzz_oracle.py (limits, verdicts, input checks,
@@ -52,6 +55,7 @@ import collections
 import json
 import os
 import re
+import secrets
 import sys
 import time
 
@@ -142,7 +146,8 @@ def summary(seed, records, seconds=None):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--seed", type=int, default=int(os.environ.get("FUZZ_SEED", 1)))
+  parser.add_argument("--seed", type=int, default=None,
+                      help="the run's seed (default: $FUZZ_SEED, else a new one each run)")
   parser.add_argument("--cases", type=int, default=int(os.environ.get("FUZZ_CASES", 3000)))
   parser.add_argument("--timeout", type=int, default=120, help="seconds per job")
   parser.add_argument("--no-confirm", action="store_true",
@@ -152,17 +157,30 @@ def main(argv=None):
   parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
   parser.add_argument("--last", type=int, default=0, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
+  if args.seed is None:
+    args.seed = (int(os.environ["FUZZ_SEED"]) if os.environ.get("FUZZ_SEED")
+                 else draw_seed())
   if args.child:
     return child_main(args)
   t0 = time.time()
   log = lambda text: print(text, file=sys.stderr, flush=True)
-  log(f"tfde fuzz: seed {args.seed}, {args.cases} cases, each on both backends")
+  log(f"tfde fuzz: seed {args.seed}, {args.cases} cases, each on both backends "
+      f"(again: --seed {args.seed} --cases {args.cases})")
   records = run(args.seed, args.cases, args.timeout, not args.no_confirm, log)
   if args.json:
     with open(args.json, "w") as f:
       json.dump([records[j] for j in sorted(records)], f, indent=0)
   print(summary(args.seed, records, time.time() - t0))
-  return 1 if findings(args.seed, records) else 0
+  found = findings(args.seed, records)
+  if found:
+    print(f"a finding, once fixed, becomes a regression case: add (seed {args.seed}, "
+          "its case index, op, mutation) to tests/fuzz/fuzz_regressions.py")
+  return 1 if found else 0
+
+
+def draw_seed():
+  """A new seed for a run: 31 bits from the OS, so runs explore new cases."""
+  return secrets.randbits(31)
 
 
 if __name__ == "__main__":

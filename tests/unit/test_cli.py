@@ -359,3 +359,16 @@ def test_train_job_writes_delta_checkpoints_and_exports(tmp_path):
     got = served.tables["embedding"][table.name].numpy()
     np.testing.assert_array_equal(got, table.rows, err_msg=table.name)
     assert not np.array_equal(got, before[table.name]), table.name
+  # `tfde inspect` reads both exports the run wrote: the full one's tables
+  # are the served ones before the delta, the delta's changed rows the
+  # final checkpoint's at their ids.
+  _, exported = inspect_lib.read_tables(str(report / "serving" / "full-4"))
+  assert {t.name: t.rows.shape for t in exported} == {k: v.shape for k, v in before.items()}
+  for table in exported:
+    np.testing.assert_array_equal(table.rows, before[table.name], err_msg=table.name)
+  kind, delta = inspect_lib.read_tables(str(report / "serving" / "delta-8"))
+  assert kind == "delta export"
+  assert sum(len(t.ids) for t in delta) == records[1]["export_rows"]
+  rows = {t.name: t.rows for t in final}
+  for table in delta:
+    np.testing.assert_array_equal(table.rows, rows[table.name][table.ids], err_msg=table.name)

@@ -3,6 +3,7 @@ its serialization, its report and the `tfde plan` command."""
 
 import io
 import json
+import re
 import sys
 
 import numpy as np
@@ -451,3 +452,39 @@ def test_the_exchange_chosen_is_one_the_lookups_group_can_take():
   old = json.loads(plan.to_json())
   del old["tables"]["u"]["exchange"]
   assert planner.ShardingPlan.from_config(old).tables["u"].exchange is None
+
+
+@pytest.mark.parametrize("budget", [float("nan"), float("inf"), -1, 0, "64MiB", True])
+def test_plan_refuses_a_budget_that_is_not_bytes(budget):
+  """A NaN budget compares false with every size, so it used to be ignored
+  (the plan came out unlimited); inf, <= 0 and non-numbers are refused too."""
+  with pytest.raises(ValueError, match=r"memory_per_replica_bytes must be a finite "
+                     r"number of bytes > 0.*got " + re.escape(repr(budget))):
+    planner.plan(features([(1000, 8)]), 2, memory_per_replica_bytes=budget)
+  with pytest.raises(ValueError, match="ShardingPlan.memory_per_replica_bytes"):
+    planner.ShardingPlan(2, {"t": planner.TableLayout("table_wise", [0])},
+                         memory_per_replica_bytes=budget)
+
+
+@pytest.mark.parametrize("layout,message", [
+    ({"kind": "table_wise", "owners": [1.7]}, r"table 't'.*owners.*ints >= 0.*1\.7"),
+    ({"kind": "table_wise", "owners": [True]}, r"table 't'.*owners.*ints >= 0"),
+    ({"kind": "table_wise", "owners": ["1"]}, r"table 't'.*owners.*ints >= 0"),
+    ({"kind": "table_wise", "owners": 1}, r"table 't'.*owners must be a list"),
+    ({"kind": "table_wise", "owners": [-1]}, r"table 't'.*owners.*ints >= 0.*-1"),
+    ({"kind": "table_wise", "owners": [2]}, r"table 't' names replicas \[2\]"),
+    ({"kind": "column_wise", "owners": [0, 1], "column_widths": [4.5, 3.5]},
+     r"table 't'.*column widths must be ints >= 1"),
+    ("table_wise", r"table 't'.s layout must be a mapping")])
+def test_a_hand_edited_plan_is_refused_by_table(layout, message):
+  """An owner of 1.7 once became replica 1 (int() truncates)."""
+  text = json.dumps({"num_replicas": 2, "tables": {"t": layout}})
+  with pytest.raises(ValueError, match=message):
+    planner.ShardingPlan.from_json(text)
+
+
+def test_a_plan_whose_tables_is_a_list_is_refused():
+  text = json.dumps({"num_replicas": 2, "tables": [{"kind": "table_wise", "owners": [0]}]})
+  with pytest.raises(ValueError, match="tables must be a mapping of table name -> "
+                     "layout, got a list"):
+    planner.ShardingPlan.from_json(text)

@@ -261,3 +261,67 @@ def test_the_served_combine_keeps_huge_weights_finite():
                                             tf.constant(weights, tf.float32), combiner, hotness)
       assert np.all(np.isfinite(got.numpy()))
       np.testing.assert_allclose(got.numpy(), np.array(want), rtol=1e-6)
+
+
+def _two_feature_model():
+  import keras  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(3)
+  tables = {n: tfde.layers.TableConfig(name=n, vocabulary_size=v, embedding_dim=4)
+            for n, v in (("user", 50), ("movie", 30))}
+  features = {f"{n}_id": tfde.layers.FeatureConfig(name=f"{n}_id", table=t)
+              for n, t in tables.items()}
+  inputs = {k: keras.Input(shape=(2,), dtype="int64", name=k) for k in features}
+  layer = tfde.layers.DistributedEmbedding(features, name="embedding")
+  out = layer(inputs)
+  model = keras.Model(inputs, keras.layers.Concatenate()([out["user_id"], out["movie_id"]]))
+  return model, layer
+
+
+def test_serving_default_names_its_inputs_after_the_features(tmp_path):
+  model, _ = _two_feature_model()
+  example = {"user_id": tf.constant([[1, 2]], tf.int64), "movie_id": tf.constant([[3, 4]], tf.int64)}
+  tfde.export_for_serving(model, str(tmp_path / "m"), example)
+  signature = tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]
+  specs = signature.structured_input_signature[1]
+  assert sorted(specs) == ["movie_id", "user_id"]
+  assert {k: s.name for k, s in specs.items()} == {"movie_id": "movie_id", "user_id": "user_id"}
+  # Called by name, as a serving system does.
+  got = signature(user_id=tf.constant([[1, 2]], tf.int64), movie_id=tf.constant([[3, 4]], tf.int64))
+  assert list(got.values())[0].shape == (1, 8)
+
+
+def test_serve_takes_int32_and_int64_ids_mixed_across_features(tmp_path):
+  """int32 ids for one feature beside int64 for another, against the
+  tables' rows gathered in numpy (a mean of 2 ids per feature)."""
+  model, layer = _two_feature_model()
+  example = {"user_id": tf.constant([[1, 2]], tf.int64), "movie_id": tf.constant([[3, 4]], tf.int64)}
+  tfde.export_for_serving(model, str(tmp_path / "m"), example)
+  served = tf.saved_model.load(str(tmp_path / "m"))
+  rows = {n: np.asarray(layer.tables[n].state(keys=("table",))["table"])
+          for n in ("user", "movie")}
+  users, movies = np.array([[1, 7], [49, 0]]), np.array([[3, 29], [5, 5]])
+  want = np.concatenate([rows["user"][users].mean(1), rows["movie"][movies].mean(1)], 1)
+  for user_dtype, movie_dtype in ((tf.int32, tf.int64), (tf.int64, tf.int32),
+                                  (tf.int32, tf.int32), (tf.int64, tf.int64)):
+    got = served.serve({"user_id": tf.constant(users, user_dtype),
+                        "movie_id": tf.constant(movies, movie_dtype)})
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7,
+                               err_msg=f"{user_dtype.name} {movie_dtype.name}")
+
+
+def test_the_mixes_traced_are_bounded():
+  """2**k mixes for k <= MAX_MIXED_ID_INPUTS id inputs (the example's own
+  is traced apart), else all int32 and all int64."""
+  from tfde import serving  # pylint: disable=g-import-not-at-top
+  def signature(k):
+    return {f"f{i}": tf.TensorSpec([None, 2], tf.int64, name=f"f{i}") for i in range(k)}
+  k = serving.MAX_MIXED_ID_INPUTS
+  mixes = serving._id_dtype_mixes(signature(k))  # pylint: disable=protected-access
+  assert len(mixes) == 2 ** k - 1
+  assert len({tuple(s.dtype for s in m.values()) for m in mixes}) == 2 ** k - 1
+  wide = serving._id_dtype_mixes(signature(k + 1))  # pylint: disable=protected-access
+  assert [sorted({s.dtype.name for s in m.values()}) for m in wide] == [["int32"]]
+  # Dense floats are not ids.
+  floats = dict(signature(1), dense=tf.TensorSpec([None, 3], tf.float32))
+  assert all(m["dense"].dtype == tf.float32
+             for m in serving._id_dtype_mixes(floats))  # pylint: disable=protected-access

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 
+from tfde.app import limits
 from tfde.app.config import ConfigError  # noqa: F401 (the schema, re-exported)
 from tfde.app.config import DataConfig  # noqa: F401 (the schema, re-exported)
 from tfde.app.config import DenseOptimizerConfig  # noqa: F401 (the schema, re-exported)
@@ -285,12 +286,21 @@ def train_command(args):
     plan_path = getattr(args, "plan", None)
     if plan_path:
       _check_readable(plan_path, "--plan", args.config)
+    limits.check_fits_memory(config, args.config)
     run_job(config, data_path=args.data, report_dir=args.report_dir,
             config_file=args.config, projector=tuple(args.projector),
             delta_every=getattr(args, "delta_every", 0), plan_path=plan_path)
   except (ConfigError, data_lib.DataError) as e:
     print(f"tfde: error: {e}", file=sys.stderr)
     return 2
+  except Exception as e:  # pylint: disable=broad-except
+    # A disk that fills up mid-run (a report, a checkpoint, an export):
+    # OSError from Python's writes, an OpError from TensorFlow's.
+    line = limits.disk_full(e)
+    if line is None:
+      raise
+    print(f"tfde: error: {line}", file=sys.stderr)
+    return 1
   return 0
 
 

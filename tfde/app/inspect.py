@@ -15,8 +15,11 @@ A table in a training checkpoint is the set of keys
 `<owner>/tables/<name>/.ATTRIBUTES/<state key>` (state keys: `table`,
 `slot_<name>` per optimizer slot, `step`, and for dynamic tables `ids`,
 `counts`, `last_seen` and the pending ids). A SavedModel from
-`tfde.export_for_serving` holds each table whole for serving
-(`<owner>/_serving_tables/<name>/...`), without slots or step.
+`tfde.export_for_serving` holds each table whole for serving, without
+slots or step: a layer's under `<owner>/_serving_tables/<name>/...`, a
+Keras model's under `tables/<layer>/<name>/...`. A delta export
+(`tfde.serving.export_delta`, a folder with tfde_delta.json and VERSION)
+holds per table its changed rows, their ids and the ids it deletes.
 """
 
 import dataclasses
@@ -43,7 +46,13 @@ _SERVING_KEY = re.compile(r"^(?P<path>.*/_serving_tables/(?P<name>[^/]+))(?P<dyn
 # its MutableHashTable's keys.
 _ORDERED_KEY = re.compile(r"^(?P<path>ordered_tables/(?P<index>\d+))(?P<dynamic>/rows)?"
                           r"/\.ATTRIBUTES/VARIABLE_VALUE$")
-_EXPORT_INFO = os.path.join("assets.extra", "tfde_delta.json")
+# A Keras model's export: the served tables under the export's `tables`
+# attribute, by embedding layer (`tfde.serving._Served`), the layer's own
+# `_serving_tables` being the model's.
+_MODEL_EXPORT_KEY = re.compile(r"^(?P<path>tables/(?P<layer>[^/]+)/(?P<name>[^/]+))"
+                               r"(?P<dynamic>/rows)?/\.ATTRIBUTES/VARIABLE_VALUE$")
+_DELTA_INFO = "tfde_delta.json"
+_EXPORT_INFO = os.path.join("assets.extra", _DELTA_INFO)
 TABLE_CONFIGS_FILE = "tables.json"   # written beside a checkpoint by `tfde train`
 
 
@@ -65,6 +74,8 @@ class TableSummary:
     ids: A dynamic table's ids (row i is id ids[i]), or None.
     counts: A dynamic table's sighting counts per row, or None.
     config: The table's config as `tfde train` recorded it, or None.
+    removed: In a delta export, the ids it deletes (None elsewhere); its
+      `rows` are then the changed rows, of ids `ids`.
   """
   name: str
   path: str
@@ -75,6 +86,7 @@ class TableSummary:
   ids: Optional[np.ndarray] = None
   counts: Optional[np.ndarray] = None
   config: Optional[dict] = None
+  removed: Optional[np.ndarray] = None
 
   @property
   def optimizer(self):
@@ -106,6 +118,9 @@ def _resolve(path):
   """(checkpoint prefix, "checkpoint" | "savedmodel") for a user's path."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if os.path.isdir(path):
+    if (os.path.exists(os.path.join(path, _DELTA_INFO)) and
+        os.path.exists(os.path.join(path, "VERSION"))):
+      return path, "delta export"
     if os.path.exists(os.path.join(path, "saved_model.pb")):
       return os.path.join(path, "variables", "variables"), "savedmodel"
     latest = tf.train.latest_checkpoint(path)
@@ -132,6 +147,8 @@ def read_tables(path):
   """[TableSummary] of every tfde table in a checkpoint or SavedModel."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   prefix, kind = _resolve(path)
+  if kind == "delta export":
+    return kind, _delta_tables(path)
   try:
     reader = tf.train.load_checkpoint(prefix)
   except (tf.errors.OpError, ValueError) as e:
@@ -139,7 +156,7 @@ def read_tables(path):
                        f"{str(e).splitlines()[0]}") from None
   keys = reader.get_variable_to_shape_map()
   configs = _table_configs(prefix)
-  tables = {}
+  tables, model_tables = {}, {}
   for key in sorted(keys):
     match = _TRAINING_KEY.match(key)
     if match:
@@ -163,6 +180,17 @@ def read_tables(path):
       tables[match["path"]] = {"name": name, "serving": key,
                                "dynamic": bool(match["dynamic"]),
                                "ids": ids_key if ids_key in keys else None}
+      continue
+    match = _MODEL_EXPORT_KEY.match(key) if kind == "savedmodel" else None
+    if match:
+      ids_key = f"{match['path']}/index/.ATTRIBUTES/table-keys"
+      model_tables[match["path"]] = {"name": match["name"], "serving": key,
+                                     "dynamic": bool(match["dynamic"]),
+                                     "ids": ids_key if ids_key in keys else None}
+  # A layer's export holds its tables under the layer's path; the
+  # export's `tables` then are the same variables, saved once.
+  if not tables:
+    tables = model_tables
   try:
     summaries = _summaries(reader, tables, configs)
   except (tf.errors.OpError, ValueError, IndexError) as e:
@@ -171,8 +199,8 @@ def read_tables(path):
                        f"{str(e).splitlines()[0]}") from None
   if not summaries:
     raise InspectError(f"{path}: holds no tfde table ({len(keys)} variables, none "
-                       "under .../tables/<name>/, .../_serving_tables/<name>/ or "
-                       "ordered_tables/<i>/)")
+                       "under .../tables/<name>/, .../_serving_tables/<name>/, "
+                       "tables/<layer>/<name>/ or ordered_tables/<i>/)")
   return kind, summaries
 
 
@@ -182,9 +210,15 @@ def _summaries(reader, tables, configs):
   for table_path, entry in tables.items():
     name = entry["name"]
     if "serving" in entry:
-      ids = reader.get_tensor(entry["ids"]) if entry.get("ids") else None
+      rows, ids = reader.get_tensor(entry["serving"]), None
+      if entry.get("ids"):
+        # The hash map's keys and values: id ids[i] is served row
+        # values[i] (rows are appended as deltas add ids; the map's order
+        # is its own), so the rows are taken in the ids' order.
+        ids = reader.get_tensor(entry["ids"])
+        rows = rows[reader.get_tensor(entry["ids"][:-len("keys")] + "values")]
       summaries.append(TableSummary(
-          name, table_path, entry["dynamic"], reader.get_tensor(entry["serving"]),
+          name, table_path, entry["dynamic"], rows,
           {}, None, ids=ids, config=configs.get(name)))
       continue
     stored = entry["keys"]
@@ -199,6 +233,34 @@ def _summaries(reader, tables, configs):
         ids=value("ids") if dynamic else None,
         counts=value("counts") if "counts" in stored else None,
         config=configs.get(name)))
+  return summaries
+
+
+def _delta_tables(path):
+  """[TableSummary] of a delta export (`tfde.serving.export_delta`): per
+  table its changed rows, their ids and the ids it deletes."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    with open(os.path.join(path, _DELTA_INFO), encoding="utf-8") as f:
+      names = list(json.load(f)["tables"])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise InspectError(f"{path}: cannot read the delta's {_DELTA_INFO}: {e}") from None
+
+  def read(name, dtype):
+    try:
+      return tf.io.parse_tensor(tf.io.read_file(os.path.join(path, name)), dtype).numpy()
+    except (tf.errors.OpError, ValueError) as e:
+      raise InspectError(f"{path}: cannot read the delta's {name}: "
+                         f"{str(e).strip().splitlines()[0]}") from None
+
+  summaries = []
+  for i, full_name in enumerate(names):
+    summaries.append(TableSummary(
+        full_name.split("/")[-1], f"{full_name} (t{i}.*)", False,
+        read(f"t{i}.rows", tf.float32), {}, None, ids=read(f"t{i}.ids", tf.int64),
+        removed=read(f"t{i}.removed", tf.int64)))
+  if not summaries:
+    raise InspectError(f"{path}: a delta export of no tfde table")
   return summaries
 
 
@@ -233,6 +295,13 @@ def describe(summary, hot=0):
   """The lines `tfde inspect` prints for one table."""
   rows, dim = summary.rows.shape
   kind = "dynamic" if summary.dynamic else "static"
+  if summary.removed is not None:
+    return [f"table {summary.name} (delta; {summary.path})",
+            f"  changed rows: {rows:,} x {dim} ({summary.rows.dtype})",
+            f"  bytes: rows {_size(summary.row_bytes)}, ids "
+            f"{_size(summary.ids.nbytes)}",
+            f"  removed ids: {len(summary.removed):,}"] + (
+                ["  hot ids: not kept (a serving export keeps no counts)"] if hot else [])
   lines = [f"table {summary.name} ({kind}; {summary.path})"]
   config = summary.config or {}
   shown = {k: config[k] for k in ("vocabulary_size", "embedding_dim", "combiner",
@@ -256,7 +325,9 @@ def describe(summary, hot=0):
                      *q, float(norms.mean()), int((norms == 0).sum())))
   if hot:
     pairs = summary.hot(hot)
-    if pairs is None:
+    if pairs is None and summary.step is None:
+      lines.append("  hot ids: not kept (a serving export keeps no counts)")
+    elif pairs is None:
       lines.append(f"  hot ids: not kept ({kind} tables keep no counts)")
     else:
       lines.append("  hot ids (id: sightings): " +

@@ -30,7 +30,7 @@ def parse_bytes(text):
   unit = value[len(number):]
   try:
     result = int(float(number) * _UNITS[unit])
-  except (KeyError, ValueError):
+  except (KeyError, ValueError, OverflowError):  # OverflowError: "inf"
     raise ValueError(f"not a size in bytes: {text!r} (e.g. 4096, 64MiB, "
                      "1.5GB)") from None
   if result <= 0:

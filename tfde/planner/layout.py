@@ -4,6 +4,8 @@ read from its config or JSON."""
 
 import dataclasses
 import json
+import math
+import numbers
 from typing import Dict
 from typing import List
 from typing import Optional
@@ -15,6 +17,24 @@ KINDS = ("row_wise", "table_wise", "column_wise", "replicated", "table_row_wise"
 EXCHANGES = ("partial sums", "rows")
 ID_BYTES = 8
 FLOAT_BYTES = 4
+
+
+def _whole(value):
+  """Whether `value` is an integer (not a bool; numpy ints count): an owner
+  or a width of 1.7, hand-edited into a plan, must not become 1."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_memory_budget(value, name="memory_per_replica_bytes"):
+  """`value` if it is None (unlimited) or a finite number of bytes > 0;
+  NaN compares false with everything, so a NaN budget would be ignored."""
+  if value is None:
+    return None
+  if (not isinstance(value, numbers.Real) or isinstance(value, bool) or
+      not math.isfinite(value) or value <= 0):
+    raise ValueError(f"{name} must be a finite number of bytes > 0 (or None: "
+                     f"unlimited), got {value!r}")
+  return value
 
 
 @dataclasses.dataclass
@@ -51,10 +71,11 @@ class TableLayout:
   def __post_init__(self):
     if self.kind not in KINDS:
       raise ValueError(f"TableLayout.kind must be one of {KINDS}, got {self.kind!r}")
+    if (not isinstance(self.owners, (list, tuple)) or not self.owners or
+        any(not _whole(o) or o < 0 for o in self.owners)):
+      raise ValueError(f"TableLayout.owners must be a list of replicas (ints >= 0), "
+                       f"got {self.owners!r}")
     self.owners = [int(o) for o in self.owners]
-    if not self.owners or any(o < 0 for o in self.owners):
-      raise ValueError(f"TableLayout.owners must be replicas (ints >= 0), got "
-                       f"{self.owners}")
     if self.kind == "table_row_wise" and len(set(self.owners)) != len(self.owners):
       raise ValueError(f"a table_row_wise layout's owners must be distinct, got "
                        f"{self.owners}")
@@ -64,6 +85,9 @@ class TableLayout:
       if self.column_widths is None or len(self.column_widths) != len(self.owners):
         raise ValueError("a column_wise layout needs one column width per owner, "
                          f"got {self.column_widths} for owners {self.owners}")
+      if any(not _whole(w) or w < 1 for w in self.column_widths):
+        raise ValueError(f"a column_wise layout's column widths must be ints >= 1, "
+                         f"got {self.column_widths!r}")
       self.column_widths = [int(w) for w in self.column_widths]
     elif self.column_widths is not None:
       raise ValueError(f"column_widths apply to column_wise layouts only, not "
@@ -113,9 +137,24 @@ class ShardingPlan:
     if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
       raise ValueError(f"ShardingPlan.num_replicas must be an int >= 1, got "
                        f"{self.num_replicas!r}")
-    self.tables = {name: layout if isinstance(layout, TableLayout)
-                   else TableLayout.from_config(layout)
-                   for name, layout in self.tables.items()}
+    if not isinstance(self.tables, dict):
+      raise ValueError(f"ShardingPlan.tables must be a mapping of table name -> "
+                       f"layout, got a {type(self.tables).__name__}")
+    self.memory_per_replica_bytes = check_memory_budget(
+        self.memory_per_replica_bytes, "ShardingPlan.memory_per_replica_bytes")
+    tables = {}
+    for name, layout in self.tables.items():
+      if isinstance(layout, TableLayout):
+        tables[name] = layout
+        continue
+      if not isinstance(layout, dict):
+        raise ValueError(f"ShardingPlan: table {name!r}'s layout must be a mapping "
+                         f"(kind, owners, ...), got {layout!r:.60}")
+      try:
+        tables[name] = TableLayout.from_config(layout)
+      except (ValueError, TypeError) as e:
+        raise ValueError(f"ShardingPlan: table {name!r}: {e}") from None
+    self.tables = tables
     for name, layout in self.tables.items():
       bad = [o for o in layout.owners if o >= self.num_replicas]
       if bad:

@@ -17,6 +17,7 @@ from tfde.planner.cost import layout_load
 from tfde.planner.cost import table_stats
 from tfde.planner.layout import ShardingPlan
 from tfde.planner.layout import TableLayout
+from tfde.planner.layout import check_memory_budget
 
 
 def _candidates(stats, config, n, load, cost, per_worker=None):
@@ -116,9 +117,7 @@ def plan(feature_configs, num_replicas, memory_per_replica_bytes=None,
   cost = cost_model or CostModel()
   if not isinstance(num_replicas, int) or num_replicas < 1:
     raise ValueError(f"num_replicas must be an int >= 1, got {num_replicas!r}")
-  if memory_per_replica_bytes is not None and memory_per_replica_bytes <= 0:
-    raise ValueError(f"memory_per_replica_bytes must be positive, got "
-                     f"{memory_per_replica_bytes}")
+  check_memory_budget(memory_per_replica_bytes)
   _check_workers(num_replicas, replicas_per_worker)
   tables = _table_configs(feature_configs)
   configs = {name: cfg for name, (cfg, _) in tables.items()}
