@@ -161,7 +161,7 @@ class SparseOptimizer:
     return tf.constant(lr, tf.float32)
 
   def apply(self, table, slots, indices, grads, step, grad_rows=None, rounding=None,
-            copy_on_read=True):
+            copy_on_read=True, on_saturate=None):
     """Updates table[indices] and the slots' rows; indices must be unique.
 
     grads[k] (or grads[grad_rows[k]]) is the gradient of row indices[k];
@@ -169,7 +169,8 @@ class SparseOptimizer:
     float16 rows needs `rounding(indices, step)`: the [k, dim] uniform
     draws of its stochastic rounding. `copy_on_read`: see
     `tfde.ops.sparse_apply` (float32 tables; the rounded updates of other
-    tables always use TF's copy-on-read mode).
+    tables always use TF's copy-on-read mode). `on_saturate`: see
+    `tfde.ops.sparse_apply_rounded`.
     """
     variables = [table] + [slots[name] for name in self.slot_names]
     grads, grad_rows = self.clip(grads, grad_rows)
@@ -183,7 +184,8 @@ class SparseOptimizer:
       step = tf.cast(step, tf.float32)
       return ops.sparse_apply_rounded(
           self.kind, variables, indices, grads, self.scalars(step),
-          lambda rows: rounding(rows, tf.cast(step, tf.int64)), grad_rows)
+          lambda rows: rounding(rows, tf.cast(step, tf.int64)), grad_rows,
+          on_saturate=on_saturate)
     if not isinstance(grads, ops.BagGradients):
       grads = tf.cast(grads, tf.float32)
     return ops.sparse_apply(self.kind, variables, indices, grads,
