@@ -17,6 +17,11 @@ optimizer given to `model.compile` never sees an embedding table.
 >>> bool(table[1, 0] < 1.0), bool(table[0, 0] == 1.0)
 (True, True)
 
+Every hyper-parameter is validated where it is set (construction,
+assignment, a Keras optimizer's conversion), by the rules of
+`tfde.hyperparameters`: a NaN, an inf or a learning rate beyond float32
+is refused naming the table and the value, never written into rows.
+
 Explicit (SOK-style) training takes `tf.IndexedSlices` gradients of table
 shards: `opt.apply_gradients(zip(grads, table.local_variables()))`.
 """
