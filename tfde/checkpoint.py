@@ -71,9 +71,20 @@ def warm_start(table, source, variable_name=None):
       raise ValueError(f"table {table.name!r}: {variable_name!r} has shape "
                        f"{shapes[variable_name]}, the table is {expected}")
     source = tf.train.load_variable(path, variable_name)
+  source = np.asarray(source, np.float32)
+  dtype = tf.as_dtype(table.config.dtype)
+  if dtype != tf.float32:
+    over = np.argwhere(np.isfinite(source) & (np.abs(source) > float(dtype.max)))
+    if over.size:
+      row, column = over[0]
+      raise ValueError(
+          f"table {table.name!r}: warm_start value {source[row, column]!r} at row "
+          f"{row}, column {column} is beyond the largest finite {dtype.name} "
+          f"({float(dtype.max)!r}) and would be stored as inf; {len(over)} "
+          "value(s) are; scale or clip them first")
   # Through the table's whole state: its slots and step stay as they are.
   state = table.state()
-  state["table"] = tf.convert_to_tensor(np.asarray(source, np.float32))
+  state["table"] = tf.convert_to_tensor(source)
   table.load_state(state, source="saved")
 
 

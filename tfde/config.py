@@ -142,7 +142,11 @@ class TableConfig:
       rounded stochastically (unbiased; a function of seed, step, row and
       column, so reproducible) into the row's type. Reduced-precision
       tables run on stock TF ops (the C++ kernels take float32 tables) and
-      must be static (vocabulary_size set).
+      must be static (vocabulary_size set). They saturate: an update whose
+      float32 result lies beyond the type's largest finite value (65504
+      for float16) stores that value, sign kept, never inf, and counts in
+      `Table.skipped_updates()`; `tfde.checkpoint.warm_start` refuses such
+      values.
   """
 
   name: str

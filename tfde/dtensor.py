@@ -50,7 +50,7 @@ on the gathered ids, naming the feature and table. A device that fails it
 first cancels the collectives the others are still in, and DTensor's
 default (asynchronous) device may raise one of their CancelledErrors
 instead; the named error is then in the log only. A synchronous DTensor
-device reports the named error (the README's DTensor section has the
+device reports the named error (docs/doors/dtensor.md, Known limits, has the
 measurements).
 """
 
@@ -327,6 +327,43 @@ class DTensorTable(base.Table):
     return self._whole(self.slots[slot_name]).numpy()
 
 
+class _SparseUpdateAnchor(dt.DVariable):
+  """The layer's trainable stand-in on the tape (see `gradient_sources`).
+
+  A Keras optimizer cannot train the tables: their rows are updated per
+  device by `apply_gradients`, from `sparse_gradients`. A step written as
+  for dense layers (`tape.gradient(loss, model.trainable_variables)`, each
+  gradient handed to the optimizer) would reach only this anchor and train
+  nothing, so an optimizer's update of it is refused by name unless the
+  step took `gradient_sources()` after the layer's last call."""
+
+  _tfde_layer_name = "?"
+  _tfde_sources_taken = True
+
+  def _tfde_check(self):
+    if not self._tfde_sources_taken:
+      raise ValueError(
+          f"tfde.dtensor.DistributedEmbedding {self._tfde_layer_name!r}: an "
+          "optimizer is updating its tables' stand-in (sparse_update_anchor) in a "
+          "step that did not ask for gradient_sources(); a Keras optimizer does "
+          "not train tfde's tables, and this step would train none of them. Take "
+          "grads = tape.gradient(loss, dense_variables + layer.gradient_sources()), "
+          "return layer.sparse_gradients(grads[n:]) from the step, and call "
+          "layer.apply_gradients(sparse) after it (docs/doors/dtensor.md)")
+
+  def assign(self, *args, **kwargs):
+    self._tfde_check()
+    return super().assign(*args, **kwargs)
+
+  def assign_add(self, *args, **kwargs):
+    self._tfde_check()
+    return super().assign_add(*args, **kwargs)
+
+  def assign_sub(self, *args, **kwargs):
+    self._tfde_check()
+    return super().assign_sub(*args, **kwargs)
+
+
 class DistributedEmbedding(tf_keras.layers.Layer):
   """tfde's tables on a DTensor mesh, as a tf_keras layer.
 
@@ -373,9 +410,10 @@ class DistributedEmbedding(tf_keras.layers.Layer):
         tables[table.name] = DTensorTable(table, mesh, mesh_dim)
     self._tables = tables
     # Records the rows read on the gradient tape (see gradient_sources).
-    self.sparse_update_anchor = dt.DVariable(
+    self.sparse_update_anchor = _SparseUpdateAnchor(
         dt.call_with_layout(tf.zeros, dt.Layout.replicated(mesh, 0), []),
         trainable=True, name="sparse_update_anchor")
+    self.sparse_update_anchor._tfde_layer_name = self.name
     self._last_read = None
 
   @property
@@ -463,6 +501,9 @@ class DistributedEmbedding(tf_keras.layers.Layer):
           out = tf.math.divide_no_nan(summed, scale[:, None])
         outputs[name] = out
     self._last_read = read
+    # Until gradient_sources() is asked for, an optimizer's update of the
+    # anchor means a step that trains no table (see _SparseUpdateAnchor).
+    self.sparse_update_anchor._tfde_sources_taken = False
     return outputs
 
   # ---- training
@@ -474,6 +515,7 @@ class DistributedEmbedding(tf_keras.layers.Layer):
     if self._last_read is None:
       raise ValueError("gradient_sources() comes after a call of the layer "
                        "in the same train step")
+    self.sparse_update_anchor._tfde_sources_taken = True
     return [self._last_read[t][1] for t in sorted(self._last_read)]
 
   def sparse_gradients(self, grads):

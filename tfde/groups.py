@@ -300,6 +300,25 @@ class EngineGroup(TableGroup):
   def fused_ids(self, features):
     return None
 
+  def refuse_weight_gradients(self, features, wants_gradient):
+    """The engine gives per-id weights no gradient: refuses `features`
+    whose weights (as given, in `source`) a tape watches, by name, rather
+    than return none. `wants_gradient(tensor)`: whether one is asked for."""
+    watched = []
+    for feature in features:
+      weights = (feature.source or (None, None))[1]
+      if weights is None:
+        continue
+      values = getattr(weights, "flat_values", getattr(weights, "values", weights))
+      if wants_gradient(values):
+        watched.append(feature.name)
+    if watched:
+      raise ValueError(
+          f"features {sorted(watched)}: a gradient of their per-id weights is "
+          "asked for, but under TPUStrategy the TPU embedding engine gives "
+          "weights no gradient; pass them through tf.stop_gradient or do not "
+          "watch them")
+
   def forward(self, pipeline, features, combiners, fused_ids, training):
     activations, preserved = self.engine.activations(features, training)
     return group_step.GroupStep(

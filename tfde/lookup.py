@@ -257,6 +257,9 @@ class ShardedLookup(tf.Module):
       # tf.nn.embedding_lookup_sparse does, when something asks for it.
       trained = [i for i, f in enumerate(features)
                  if f.weights is not None and wants_gradient(f.weights)]
+      refuse = getattr(group, "refuse_weight_gradients", None)
+      if refuse is not None:
+        refuse(features, wants_gradient)
       prepared.append((group, features, group.fused_ids(features), combiners, trained))
 
     @tf.custom_gradient

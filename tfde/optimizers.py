@@ -17,13 +17,39 @@ optimizer given to `model.compile` never sees an embedding table.
 >>> bool(table[1, 0] < 1.0), bool(table[0, 0] == 1.0)
 (True, True)
 
+Every hyper-parameter is validated where it is set (construction,
+assignment, a Keras optimizer's conversion), by the rules of
+`tfde.hyperparameters`: a NaN, an inf or a learning rate beyond float32
+is refused naming the table and the value, never written into rows.
+
 Explicit (SOK-style) training takes `tf.IndexedSlices` gradients of table
 shards: `opt.apply_gradients(zip(grads, table.local_variables()))`.
 """
 
 import tensorflow as tf
 
+from tfde import hyperparameters
 from tfde import ops
+
+
+class _Hyper(dict):
+  """An optimizer's hyper-parameters; each is validated as it is set."""
+
+  def __init__(self, owner, values):
+    super().__init__()
+    self._owner = owner
+    self.update(values)
+
+  def __setitem__(self, name, value):
+    hyperparameters.check(name, value, self._owner, None)
+    super().__setitem__(name, value)
+
+  def update(self, *args, **kwargs):
+    for name, value in dict(*args, **kwargs).items():
+      self[name] = value
+
+  def __reduce__(self):
+    return (dict, (dict(self),))
 
 
 class SparseOptimizer:
@@ -62,7 +88,7 @@ class SparseOptimizer:
                        f"{sorted(self.defaults)}")
     self.learning_rate = (self.default_learning_rate
                           if learning_rate is None else learning_rate)
-    self.hyper = dict(self.defaults, **hyper)
+    self.hyper = _Hyper(type(self).__name__, dict(self.defaults, **hyper))
     for name, value in (("clipnorm", clipnorm), ("clipvalue", clipvalue)):
       if value is not None and (isinstance(value, bool) or
                                 not isinstance(value, (int, float)) or
@@ -91,11 +117,19 @@ class SparseOptimizer:
 
   default_learning_rate = 0.001
 
+  @property
+  def learning_rate(self):
+    return self._learning_rate
+
+  @learning_rate.setter
+  def learning_rate(self, value):
+    # A schedule's values are checked by the ops when it is evaluated.
+    if not callable(value):
+      hyperparameters.check("learning_rate", value, type(self).__name__)
+    self._learning_rate = value
+
   def _validate(self):
-    lr = self.learning_rate
-    if isinstance(lr, (int, float)) and lr <= 0:
-      raise ValueError(f"{type(self).__name__}: learning_rate must be positive, "
-                       f"got {lr}")
+    hyperparameters.check_all(self)
 
   def slot_initial_value(self, name):
     del name
@@ -132,7 +166,7 @@ class SparseOptimizer:
     return tf.constant(lr, tf.float32)
 
   def apply(self, table, slots, indices, grads, step, grad_rows=None, rounding=None,
-            copy_on_read=True):
+            copy_on_read=True, on_saturate=None):
     """Updates table[indices] and the slots' rows; indices must be unique.
 
     grads[k] (or grads[grad_rows[k]]) is the gradient of row indices[k];
@@ -140,7 +174,8 @@ class SparseOptimizer:
     float16 rows needs `rounding(indices, step)`: the [k, dim] uniform
     draws of its stochastic rounding. `copy_on_read`: see
     `tfde.ops.sparse_apply` (float32 tables; the rounded updates of other
-    tables always use TF's copy-on-read mode).
+    tables always use TF's copy-on-read mode). `on_saturate`: see
+    `tfde.ops.sparse_apply_rounded`.
     """
     variables = [table] + [slots[name] for name in self.slot_names]
     grads, grad_rows = self.clip(grads, grad_rows)
@@ -154,7 +189,8 @@ class SparseOptimizer:
       step = tf.cast(step, tf.float32)
       return ops.sparse_apply_rounded(
           self.kind, variables, indices, grads, self.scalars(step),
-          lambda rows: rounding(rows, tf.cast(step, tf.int64)), grad_rows)
+          lambda rows: rounding(rows, tf.cast(step, tf.int64)), grad_rows,
+          on_saturate=on_saturate)
     if not isinstance(grads, ops.BagGradients):
       grads = tf.cast(grads, tf.float32)
     return ops.sparse_apply(self.kind, variables, indices, grads,
@@ -262,6 +298,13 @@ class Adagrad(SparseOptimizer):
   kind = "adagrad"
   slot_names = ("accumulator",)
   defaults = {"initial_accumulator_value": 0.1, "epsilon": 1e-7}
+
+  def _validate(self):
+    super()._validate()
+    if not (self.hyper["epsilon"] > 0 or self.hyper["initial_accumulator_value"] > 0):
+      raise ValueError("Adagrad: epsilon and initial_accumulator_value are both 0, "
+                       "so a row whose first gradient is 0 would become NaN; make "
+                       "one of them positive")
 
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"]
@@ -423,11 +466,22 @@ def _from_keras(optimizer, table_name):
              **{k: config[k] for k in carried if k in config})
 
 
+def _naming(table_name, build, *args):
+  """build(*args), its ValueError naming the table."""
+  try:
+    return build(*args)
+  except ValueError as e:
+    if table_name in (None, "?") or str(e).startswith("table "):
+      raise
+    raise ValueError(f"table {table_name!r}: {e}") from None
+
+
 def get(identifier, table_name="?"):
   """A SparseOptimizer from a name, a Keras optimizer, a config or None."""
   if identifier is None:
     return SGD(learning_rate=0.01)
   if isinstance(identifier, SparseOptimizer):
+    hyperparameters.check_all(identifier, table_name)
     return identifier
   if isinstance(identifier, str):
     key = identifier.lower()
@@ -438,11 +492,11 @@ def get(identifier, table_name="?"):
                        f"{identifier!r}; use one of {sorted(_KINDS)}")
     return _KINDS[key]()
   if isinstance(identifier, dict):
-    return SparseOptimizer.from_config(identifier)
+    return _naming(table_name, SparseOptimizer.from_config, identifier)
   try:
     import keras  # pylint: disable=g-import-not-at-top
     if isinstance(identifier, keras.optimizers.Optimizer):
-      return _from_keras(identifier, table_name)
+      return _naming(table_name, _from_keras, identifier, table_name)
   except ImportError:
     pass
   raise ValueError(f"table {table_name!r}: unsupported optimizer "

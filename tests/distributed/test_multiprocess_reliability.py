@@ -110,7 +110,7 @@ def test_nonfinite_gradients_under_horovod(tmp_path):
 
 # ---- peers that die or stall
 
-# Measured on a loaded 2-core machine (README, "Failures are loud"): a
+# Measured on a loaded 2-core machine (docs/reliability.md): a
 # killed peer fails every survivor within 10 s (2 to 5.3 s measured); a
 # stopped one within 12 s under MultiWorkerMirroredStrategy (4 workers),
 # and under Horovod within its Gloo timeout plus about 17 s (47 s with the

@@ -81,16 +81,43 @@ def test_each_device_holds_its_own_shard_and_bad_ids_are_refused(layout_and_chec
     # Device s holds global rows s, s+4, ... (numpy's full[s::4]).
     assert table["max_error"] == 0.0
     assert table["layout"] == ["batch", "unsharded"]
-  assert "feature b_sparse (table B)" in report["bad_id_error"]
-  assert "[0, 50)" in report["bad_id_error"]
-  assert report["uint64_error"] and "feature b_sparse (table B)" in report["uint64_error"]
-  assert "uint64 id of 2^63 or more" in report["uint64_error"]
+  # Each refused call runs once (three of each kind). On DTensor's
+  # asynchronous device a call may end in another device's CancelledError
+  # instead of the named error (docs/doors/dtensor.md says when): counted,
+  # and each kind must still name the feature at least once.
+  named = 0
+  for key, words in (("bad_id_error", ["feature b_sparse (table B)", "[0, 50)"]),
+                     ("uint64_error", ["feature b_sparse (table B)",
+                                       "uint64 id of 2^63 or more"])):
+    errors = [e for e in report[key] if not e.startswith("CancelledError: ")]
+    assert all(report[key]) and errors, (key, report[key])
+    named += len(errors)
+    for error in errors:
+      for word in words:
+        assert word in error, (key, error)
+  assert named + report["cancelled_calls"] == 6, report
+  if report["cancelled_calls"]:
+    warnings.warn(f"{report['cancelled_calls']} of 6 refused DTensor calls ended in "
+                  "a CancelledError (asynchronous DTensor device)", stacklevel=1)
   assert report["unchanged"]
   assert report["uint64_rows_equal"]
-  if report["cancelled_calls"]:
-    warnings.warn(f"{report['cancelled_calls']} refused DTensor call(s) ended in "
-                  "a CancelledError and were repeated (README: DTensor, Known limit)",
-                  stacklevel=1)
+
+
+@needs_tf_keras
+def test_the_tutorial_step_is_refused_by_name_and_tfde_step_trains(layout_and_checkpoint):
+  """Handing every trainable variable's gradient to a Keras optimizer trains
+  no tfde table: refused on the first step (traced or eager), naming what
+  to call; tfde's own step, the optimizer given the layer's variables too,
+  equals the numpy reference."""
+  report = layout_and_checkpoint[2]
+  for mode in ("traced", "eager"):
+    error = report[f"tutorial_{mode}_error"]
+    assert error, mode
+    for word in ("gradient_sources()", "sparse_gradients", "apply_gradients"):
+      assert word in error, (mode, error)
+  assert report["tutorial_unchanged"]
+  assert report["tfde_step_moved"] > 1e-3
+  assert report["tfde_step_table_error"] < 2e-5, report
 
 
 @needs_tf_keras

@@ -563,11 +563,12 @@ def _engine_features():
   tables = {n: tfde.TableConfig(name=n, vocabulary_size=40 + i, embedding_dim=8,
                                 optimizer=adam, combiner="sum",
                                 max_ids_per_partition=32 * (i + 1),
-                                max_unique_ids_per_partition=16 * (i + 1))
+                                max_unique_ids_per_partition=16 * (i + 1),
+                                nonfinite="skip")
             for i, n in enumerate(["a", "b", "c"])}
   tables["d"] = tfde.TableConfig(name="d", vocabulary_size=30, embedding_dim=4,
                                  optimizer="sgd", max_ids_per_partition=8,
-                                 max_unique_ids_per_partition=8)
+                                 max_unique_ids_per_partition=8, nonfinite="skip")
   return {n: tfde.FeatureConfig(name=f"f_{n}", table=t, input_shape=(4, 2))
           for n, t in tables.items()}
 
@@ -692,16 +693,41 @@ def test_engine_group_hands_over_inputs_and_guards_its_update(stand_in_tpu, kind
   iterations = lookup.tables["a"].engine.iterations
   assert int(iterations.numpy()) == 1
 
-  # nonfinite="error" (table b's default): the step fails naming the table
-  # and nothing reaches the engine's update.
-  def poisoned_b(inputs):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(lookup(inputs)["f_b"]) * np.inf
-    tape.gradient(loss, lookup.trainable_variables)
 
-  with pytest.raises(tf.errors.InvalidArgumentError, match="table b: .*NaN or Inf"):
-    poisoned_b(inputs)
-  assert int(iterations.numpy()) == 1
+
+def test_engine_refuses_what_it_cannot_honour(stand_in_tpu):
+  """nonfinite="error" (XLA drops the assertion on a TPU) is refused by
+  table when the lookup is built, and a lookup whose per-id weights a tape
+  watches (the engine gives them no gradient) by feature, before anything
+  reaches the engine."""
+  stand_in_tpu("sparsecore")
+  features = _engine_features()
+  features["b"] = tfde.FeatureConfig(
+      name="f_b", table=dataclasses.replace(features["b"].table, nonfinite="error"),
+      input_shape=(4, 2))
+  with pytest.raises(ValueError, match=r"table 'b': nonfinite='error' cannot be "
+                     r"honoured under TPUStrategy.*nonfinite='skip'"):
+    tfde.lookup.ShardedLookup(features, table_stacking=None)
+  layer_features = _engine_features()
+  layer_features["b"] = features["b"]
+  with pytest.raises(ValueError, match=r"table 'b': nonfinite='error'"):
+    tfde.layers.DistributedEmbedding(layer_features)(
+        {k: _ragged([[1], [2]]) for k in ("f_a", "f_b", "f_c", "f_d")})
+
+  lookup = tfde.lookup.ShardedLookup(_engine_features(), table_stacking=None)
+  engine = _StandInEngine.made[-1]
+  inputs = {"f_a": _ragged([[1], [2, 3]]), "f_b": _ragged([[5], [6]]),
+            "f_c": _ragged([[7], [8]]), "f_d": _ragged([[1], [3]])}
+  weights = tf.ragged.constant([[0.5], [2.0]])
+  calls = len(engine.calls)
+  with tf.GradientTape() as tape:
+    tape.watch(weights.flat_values)
+    with pytest.raises(ValueError, match=r"features \['f_b'\]: a gradient of their "
+                       r"per-id weights .*TPUStrategy"):
+      lookup(inputs, {"f_b": weights})
+  assert len(engine.calls) == calls                    # nothing reached the engine
+  lookup(inputs, {"f_b": tf.stop_gradient(weights)})   # unwatched weights pass
+  assert len(engine.calls) == calls + 1
 
 
 def test_what_the_engine_cannot_hold_is_refused_by_name(stand_in_tpu):

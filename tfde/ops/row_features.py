@@ -112,8 +112,14 @@ def stochastic_round(x, dtype, noise):
   """float32 `x` rounded to `dtype` (bfloat16 or float16) up or down at
   random, so that the expected result is x: the nearer neighbour y, and
   the other neighbour with probability |x - y| / (distance between them),
-  drawn from `noise` (uniform in (0, 1), x's shape)."""
+  drawn from `noise` (uniform in (0, 1), x's shape).
+
+  Saturating: a finite x beyond `dtype`'s largest finite value (65504 for
+  float16) is stored as that value, with x's sign, never as inf (see
+  `saturates`)."""
   x = tf.cast(x, tf.float32)
+  largest = float(dtype.max)
+  x = tf.where(tf.math.is_finite(x), tf.clip_by_value(x, -largest, largest), x)
   nearest = tf.cast(x, dtype)
   near = tf.cast(nearest, tf.float32)
   bits = tf.bitwise.bitwise_and(tf.cast(tf.bitcast(nearest, tf.int16), tf.int32), 0xFFFF)
@@ -134,6 +140,14 @@ def stochastic_round(x, dtype, noise):
   return tf.where(take_other, other, nearest)
 
 
+def saturates(x, dtype):
+  """Whether some finite element of float32 `x` lies beyond `dtype`'s
+  largest finite value, so `stochastic_round` saturates it (a scalar bool)."""
+  x = tf.cast(x, tf.float32)
+  return tf.reduce_any(tf.logical_and(tf.math.is_finite(x),
+                                      tf.abs(x) > float(dtype.max)))
+
+
 def gather_rows_float32(tables, rows, bases):
   """`gather_from_tables` for tables of any row dtype: float32 rows."""
   rows = index_tensor(rows, "rows")
@@ -149,10 +163,13 @@ def gather_rows_float32(tables, rows, bases):
 
 
 def sparse_apply_rounded(kind, variables, indices, grad, scalars, noise_of,
-                         grad_rows=None):
+                         grad_rows=None, on_saturate=None):
   """`sparse_apply` for a table of reduced precision: the update computed
   in float32 from its rows (slots stay float32), the new rows rounded
-  stochastically with `noise_of(indices)` ([k, dim] uniform draws)."""
+  stochastically with `noise_of(indices)` ([k, dim] uniform draws). A new
+  row value beyond the row type's range saturates (`stochastic_round`);
+  `on_saturate(flag)` (optional) gets the scalar bool saying whether any
+  did and returns an op run with the update (a table counts it)."""
   table = variables[0]
   check(table.dtype in ROW_DTYPES, f"table {table.name} has rows of "
         f"{table.dtype.name}; tables hold float32, bfloat16 or float16")
@@ -171,6 +188,8 @@ def sparse_apply_rounded(kind, variables, indices, grad, scalars, noise_of,
     rows = [tf.cast(tf.gather(table, indices), tf.float32)] + [
         tf.gather(v, indices) for v in variables[1:]]
     new_rows = ROW_UPDATES[kind](rows, grad, *scalars)
+    counted = ([] if on_saturate is None else
+               [on_saturate(saturates(new_rows[0], table.dtype))])
     new_rows[0] = stochastic_round(new_rows[0], table.dtype, noise_of(indices))
     return tf.group([v.scatter_update(tf.IndexedSlices(r, indices))
-                     for v, r in zip(variables, new_rows)])
+                     for v, r in zip(variables, new_rows)] + counted)

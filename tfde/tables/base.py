@@ -261,8 +261,11 @@ class Table(tf.Module):
         "(TableConfig(nonfinite='skip') skips such updates instead)")]
 
   def skipped_updates(self):
-    """Updates skipped for non-finite gradients (eager; nonfinite='skip')."""
-    return int(self.skips[min(self.skips)].numpy())
+    """Updates skipped for non-finite gradients (eager; nonfinite='skip'),
+    plus, for bfloat16/float16 rows, updates that saturated a row value
+    beyond the row type's range (counted by the shard holding the row; the
+    largest count of this process's shards)."""
+    return max(int(s.numpy()) for s in self.skips.values())
 
   # ---- ownership
 

@@ -106,6 +106,14 @@ class ShardedTable(base.Table):
       return ops.rounding_noise(seed, step, global_rows, self.embedding_dim)
     return noise_of
 
+  def _count_saturation(self, replica):
+    """An update that saturated a reduced-precision row (a finite value
+    beyond the row type's range) counts in `skipped_updates`, as a skipped
+    non-finite update does."""
+    def count(flag):
+      return self.skips[replica].assign_add(tf.cast(flag, tf.int64))
+    return count
+
   def apply_gradient(self, replica, rows, grads, optimizer=None, grad_rows=None,
                      finite=None):
     # The step counter advances even with no rows, so every shard agrees on
@@ -120,7 +128,8 @@ class ShardedTable(base.Table):
       with tf.control_dependencies([step]):
         update = optimizer.apply(self.shards[replica], self.slots[replica],
                                  rows, grads, step, grad_rows=grad_rows,
-                                 rounding=self._rounding(replica, rows))
+                                 rounding=self._rounding(replica, rows),
+                                 on_saturate=self._count_saturation(replica))
         touched = ops.stamp_rows(self.updated_at[replica], rows, step)
       with tf.control_dependencies([update, touched]):
         return tf.identity(step)

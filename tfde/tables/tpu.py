@@ -76,7 +76,22 @@ def engine_for(feature_configs, table_stacking, communicator, given_tables=None,
     raise ValueError("train_in_backward=False returns gradients of tfde's shard "
                      "variables; under TPUStrategy the TPU embedding engine holds "
                      "the tables and applies their optimizers itself")
+  refuse_unhonoured(feature_configs)
   return TPUEngine(feature_configs, table_stacking, strategy)
+
+
+def refuse_unhonoured(feature_configs):
+  """Refuses, by table, settings the TPU engine cannot honour: with
+  nonfinite="error" the step's assertion is compiled away by XLA on a TPU,
+  so a non-finite step would silently reach the engine as zero gradients."""
+  for feature in feature_configs:
+    if feature.table.nonfinite != "skip":
+      raise ValueError(
+          f"table {feature.table.name!r}: nonfinite={feature.table.nonfinite!r} "
+          "cannot be honoured under TPUStrategy (XLA compiles the step's "
+          "assertion away, so a non-finite step would become zero gradients "
+          "without an error); set TableConfig(nonfinite='skip'), which hands "
+          "the engine zeros for that table's step")
 
 
 def refuse_outside_engine(config, communicator):
@@ -270,8 +285,10 @@ class TPUTable:
   Non-finite gradients: the pipeline's one finite flag per table reaches
   the engine as zero gradients for that table (SGD and Adagrad then change
   nothing; Adam and FTRL move their slots as a zero gradient does). With
-  nonfinite="error" an assertion fails the step first off TPU; on a TPU,
-  where XLA drops it, the zeros remain and the other tables still train."""
+  nonfinite="error" is refused when the engine is built (`refuse_unhonoured`):
+  on a TPU XLA drops the assertion it needs. Per-id weights get no
+  gradient from the engine: a lookup whose weights a tape watches is
+  refused by name (`tfde.groups.EngineGroup`)."""
 
   replicated = False
   routes_ids = False

@@ -1,0 +1,102 @@
+"""Sparse optimizers' hyper-parameters are validated where they are set: a
+value that would write NaN or inf into the rows a step touches is refused,
+naming the table and the value."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfde
+from tfde import optimizers
+
+BAD = [
+    ("sgd", {"learning_rate": float("nan")}, "learning_rate"),
+    ("sgd", {"learning_rate": float("inf")}, "learning_rate"),
+    ("sgd", {"learning_rate": 1e39}, "learning_rate"),
+    ("adagrad", {"learning_rate": 1e39}, "learning_rate"),
+    ("adam", {"beta_1": 1.0}, "beta_1"),
+    ("adam", {"beta_1": float("nan")}, "beta_1"),
+    ("adam", {"beta_2": 1.0}, "beta_2"),
+    ("adam", {"beta_2": -0.1}, "beta_2"),
+    ("adam", {"epsilon": 0.0}, "epsilon"),
+    ("adam", {"epsilon": float("inf")}, "epsilon"),
+    ("adam", {"bias_correction": "yes"}, "bias_correction"),
+    ("adagrad", {"epsilon": float("nan")}, "epsilon"),
+    ("adagrad", {"initial_accumulator_value": -1.0}, "initial_accumulator_value"),
+    ("adagrad", {"initial_accumulator_value": 0.0, "epsilon": 0.0}, "both 0"),
+    ("rowwise_adagrad", {"epsilon": float("inf")}, "epsilon"),
+    ("ftrl", {"learning_rate_power": 0.5}, "learning_rate_power"),
+    ("ftrl", {"l1_regularization_strength": float("nan")}, "l1_regularization_strength"),
+    ("ftrl", {"l2_regularization_strength": -1.0}, "l2_regularization_strength"),
+    ("ftrl", {"l2_shrinkage_regularization_strength": float("inf")},
+     "l2_shrinkage_regularization_strength"),
+    ("ftrl", {"beta": -1.0}, "beta"),
+    ("ftrl", {"initial_accumulator_value": float("nan")}, "initial_accumulator_value"),
+]
+
+
+@pytest.mark.parametrize("kind,hyper,name", BAD)
+def test_table_config_refuses_hyperparameter(kind, hyper, name):
+  """Through a table's config (a dict optimizer), the error names table and value."""
+  hyper = dict(hyper)
+  config = {"kind": kind, "learning_rate": hyper.pop("learning_rate", 0.01), **hyper}
+  with pytest.raises(ValueError, match=rf"table 'user'.*{name}"):
+    tfde.TableConfig(name="user", vocabulary_size=8, embedding_dim=2, optimizer=config)
+
+
+@pytest.mark.parametrize("kind,hyper,name", BAD)
+def test_constructor_refuses_hyperparameter(kind, hyper, name):
+  cls = optimizers._KINDS[kind]  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match=name):
+    cls(**hyper)
+
+
+def test_error_shows_value():
+  with pytest.raises(ValueError, match=r"table 'user': SGD learning_rate must be a "
+                     r"finite float32 > 0, got nan"):
+    tfde.TableConfig(name="user", vocabulary_size=8, embedding_dim=2,
+                     optimizer={"kind": "sgd", "learning_rate": math.nan})
+
+
+@pytest.mark.parametrize("keras_optimizer,name", [
+    (lambda: keras.optimizers.SGD(learning_rate=float("nan")), "learning_rate"),
+    (lambda: keras.optimizers.SGD(learning_rate=float("inf")), "learning_rate"),
+    (lambda: keras.optimizers.SGD(learning_rate=1e39), "learning_rate"),
+    (lambda: keras.optimizers.Adam(beta_1=1.0), "beta_1"),
+    (lambda: keras.optimizers.Adam(beta_1=float("nan")), "beta_1"),
+    (lambda: keras.optimizers.Adagrad(epsilon=float("nan")), "epsilon"),
+])
+def test_keras_optimizer_refused(keras_optimizer, name):
+  with pytest.raises(ValueError, match=rf"table 'user'.*{name}"):
+    tfde.TableConfig(name="user", vocabulary_size=8, embedding_dim=2,
+                     optimizer=keras_optimizer())
+
+
+def test_setting_after_construction_is_checked():
+  """Where it is set: assigning a bad value later is refused too, and a
+  mutated optimizer handed to a table is re-checked naming the table."""
+  opt = optimizers.Adam()
+  with pytest.raises(ValueError, match="beta_1"):
+    opt.hyper["beta_1"] = 1.0
+  with pytest.raises(ValueError, match="learning_rate"):
+    opt.learning_rate = float("nan")
+  assert opt.hyper["beta_1"] == 0.9 and opt.learning_rate == 0.001
+  dict.__setitem__(opt.hyper, "beta_2", float("nan"))  # bypassing the check
+  with pytest.raises(ValueError, match=r"table 'user'.*beta_2"):
+    tfde.TableConfig(name="user", vocabulary_size=8, embedding_dim=2, optimizer=opt)
+
+
+def test_good_values_still_train():
+  """Edge values inside the rules are accepted and update finitely (numpy oracle)."""
+  opt = optimizers.Adam(learning_rate=0.5, beta_1=0.0, beta_2=0.0, epsilon=1e-7)
+  table = tf.Variable(tf.zeros([2, 2]))
+  slots = opt.create_slots(table.shape)
+  opt.apply(table, slots, tf.constant([1]), tf.constant([[2.0, -4.0]]), step=1)
+  # beta 0: m = g, v = g^2, step = lr * g / (|g| + eps).
+  np.testing.assert_allclose(table.numpy()[1], [-0.5, 0.5], rtol=1e-6)
+  assert table.numpy()[0].tolist() == [0.0, 0.0]
+  assert optimizers.get({"kind": "ftrl", "learning_rate": 0.1,
+                         "learning_rate_power": 0.0}).hyper["learning_rate_power"] == 0.0
