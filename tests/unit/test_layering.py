@@ -22,7 +22,7 @@ LAYERS = (
     ("pipeline", ("tfde.lookup", "tfde.group_step", "tfde.inputs", "tfde.input_checks",
                   "tfde.routing", "tfde.exchange_kind", "tfde.groups")),
     ("tables", ("tfde.tables", "tfde.placement", "tfde.initializers", "tfde.planner",
-                "tfde.optimizers")),
+                "tfde.optimizers", "tfde.hyperparameters")),
     ("ops and communicators", ("tfde.ops", "tfde.comm")),
     ("foundations", ("tfde.config", "tfde.sharding", "tfde.collective_keys", "tfde.atomic_files",
                      "tfde._build_info")),
