@@ -21,6 +21,9 @@ import shutil
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
+# Where the two-rename fallback keeps the old version while `target` is
+# absent; `recover` puts it back after a kill there.
+OLD_SUFFIX = ".old"
 
 
 def fsync_tree(directory):
@@ -72,16 +75,28 @@ def replace_directory(staging, target):
     _fsync_directory(os.path.dirname(os.path.abspath(target)) or ".")
     shutil.rmtree(staging)
     return
-  old = staging + ".old"
+  old = staging + OLD_SUFFIX
   os.rename(target, old)
   os.rename(staging, target)
   _fsync_directory(os.path.dirname(os.path.abspath(target)) or ".")
   shutil.rmtree(old)
 
 
+def recover(target, directory, prefix):
+  """Puts back the old version a kill between the fallback's two renames
+  left aside (`target` absent, `PREFIX...OLD_SUFFIX` beside it)."""
+  if os.path.lexists(target) or not os.path.isdir(directory):
+    return
+  for name in sorted(os.listdir(directory)):
+    if name.startswith(prefix) and name.endswith(OLD_SUFFIX):
+      os.rename(os.path.join(directory, name), target)
+      _fsync_directory(directory)
+      return
+
+
 def remove_stale(directory, prefix):
   """Deletes what killed writers left in `directory`: entries whose name
-  starts with `prefix`."""
+  starts with `prefix` (after `recover`, never the only copy)."""
   if not os.path.isdir(directory):
     return
   for name in os.listdir(directory):

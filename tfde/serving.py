@@ -455,10 +455,13 @@ def apply_delta(exported_dir, delta_dir):
   """
   exported_dir, delta_dir = str(exported_dir), str(delta_dir)
   remote = "://" in exported_dir
-  target = exported_dir if remote else os.path.abspath(exported_dir)
+  # A link to the export is followed: the directories exchanged are the
+  # export's own, and the link stays.
+  target = exported_dir if remote else os.path.realpath(exported_dir)
   parent, name = os.path.split(target)
   stale = f".{name}.applying-"
   if not remote:   # what a killed apply left beside the export
+    atomic_files.recover(target, parent, stale)
     atomic_files.remove_stale(parent, stale)
   served = tf.saved_model.load(exported_dir)
   version = int(served.apply_delta(tf.constant(delta_dir)).numpy())

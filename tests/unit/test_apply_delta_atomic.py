@@ -80,3 +80,47 @@ def test_a_kill_during_apply_delta_leaves_the_old_or_the_new_version(tmp_path):
       tfde.serving.apply_delta(str(target), str(tmp_path / "delta"))
   assert not [n for n in os.listdir(tmp_path) if n.startswith(".export.")], os.listdir(tmp_path)
   assert int(tf.saved_model.load(str(target)).delta_version.numpy()) == info["version"]
+
+
+def test_a_kill_between_the_fallbacks_two_renames_keeps_the_old_version(tmp_path, monkeypatch):
+  """Where the exchange is not available, the old version waits aside
+  while the new one is renamed in; a kill there leaves the export absent,
+  and the next apply puts the old version back before removing leftovers."""
+  from tfde import atomic_files  # pylint: disable=g-import-not-at-top
+  target, staging = tmp_path / "export", tmp_path / ".export.applying-7"
+  for folder, text in ((target, "old"), (staging, "new")):
+    folder.mkdir()
+    (folder / "f").write_text(text)
+  monkeypatch.setattr(atomic_files, "_exchange", lambda a, b: False)
+  renames = []
+  real_rename = os.rename
+
+  def rename_then_die(a, b):
+    if renames:
+      raise KeyboardInterrupt("killed between the renames")
+    renames.append((a, b))
+    real_rename(a, b)
+
+  monkeypatch.setattr(atomic_files.os, "rename", rename_then_die)
+  with pytest.raises(KeyboardInterrupt):
+    atomic_files.replace_directory(str(staging), str(target))
+  monkeypatch.setattr(atomic_files.os, "rename", real_rename)
+  assert not target.exists()
+  atomic_files.recover(str(target), str(tmp_path), ".export.applying-")
+  atomic_files.remove_stale(str(tmp_path), ".export.applying-")
+  assert (target / "f").read_text() == "old"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_an_export_behind_a_link_is_applied_and_the_link_stays(tmp_path):
+  from tfde import atomic_files  # pylint: disable=g-import-not-at-top
+  real, link = tmp_path / "v1", tmp_path / "served"
+  real.mkdir()
+  (real / "f").write_text("old")
+  link.symlink_to(real)
+  target = os.path.realpath(link)
+  staging = tmp_path / ".v1.applying-1"
+  staging.mkdir()
+  (staging / "f").write_text("new")
+  atomic_files.replace_directory(str(staging), target)
+  assert link.is_symlink() and (link / "f").read_text() == "new"
