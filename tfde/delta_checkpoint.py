@@ -188,10 +188,13 @@ class DeltaCheckpointManager:
       return
     logger.warning("tfde: %s: %s; rebuilding it from the checkpoint files",
                    os.path.join(self._directory, MANIFEST), problem)
-    self._manifest = delta_manifest.rebuild(self._directory, self._name, table_keys,
-                                            describe_files)
+    self._manifest, left_out = delta_manifest.rebuild(self._directory, self._name,
+                                                      table_keys, describe_files)
     self._manifest_problem = None
-    self._write_manifest()
+    # A record that leaves links out stays in memory only: written, it
+    # would lose them for a model that reads them.
+    if not left_out:
+      self._write_manifest()
     self._marks = self._marked_link = None
 
   def _write_manifest(self):

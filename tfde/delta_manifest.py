@@ -91,12 +91,14 @@ def problem(manifest, directory, table_keys):
 def rebuild(directory, name, table_keys, describe_files):
   """The record as the files of `<name>-<number>` links in `directory` say
   it: links by number, a delta where `<prefix>.tables.npz` exists, steps
-  from the files. Raises ValueError naming a delta link whose steps go
-  back from the link before it (the files cannot say what it continues)."""
+  from the files, and the links it left out as unreadable. Raises
+  ValueError naming a delta link whose steps go back from the link before
+  it (the files cannot say what it continues), or when no link at all
+  reads with these tables (another model's checkpoints)."""
   pattern = re.compile(re.escape(name) + r"-(\d+)\.index$")
   numbers = sorted(int(m.group(1)) for m in map(pattern.match, tf.io.gfile.listdir(directory))
                    if m)
-  links, previous = [], None
+  links, left_out, previous = [], [], None
   for number in numbers:
     prefix = f"{name}-{number}"
     kind = "delta" if tf.io.gfile.exists(os.path.join(directory, prefix + TABLES_SUFFIX)) \
@@ -105,6 +107,7 @@ def rebuild(directory, name, table_keys, describe_files):
     if steps is None:
       logger.warning("tfde: checkpoint link %s is unreadable; left out of the "
                      "rebuilt record", os.path.join(directory, prefix))
+      left_out.append(prefix)
       continue
     if (kind == "delta" and previous is not None and
         any(steps[p] < previous["steps"][p] for p in table_keys)):
@@ -119,4 +122,9 @@ def rebuild(directory, name, table_keys, describe_files):
     previous = {"number": number, "kind": kind, "prefix": prefix, "steps": steps,
                 "files": files, "bytes": sum(size for size, _ in files.values())}
     links.append(previous)
-  return {"next_number": (numbers[-1] + 1) if numbers else 1, "links": links}
+  if numbers and not links:
+    raise ValueError(
+        f"no checkpoint link in {directory} reads with this model's tables "
+        f"({sorted(table_keys)}): checkpoints of another model? {MANIFEST} is left "
+        "as it is and nothing was restored")
+  return {"next_number": (numbers[-1] + 1) if numbers else 1, "links": links}, left_out

@@ -131,3 +131,22 @@ def test_a_refused_plain_checkpoint_read_changes_no_variable(tmp_path):
   for key, value in before.items():
     np.testing.assert_array_equal(_rows(lookup)[key], value, err_msg=key)
   assert int(counter.numpy()) == 7
+
+
+def test_another_models_restore_of_a_truncated_record_loses_nothing(tmp_path):
+  """A model with other tables reads none of the links: its restore is
+  refused by name and leaves the record as it was, so the model the
+  chain belongs to still restores it."""
+  manager, states = _chain(str(tmp_path), saves=3)
+  del manager
+  path = os.path.join(str(tmp_path), "delta_checkpoints.json")
+  text = open(path).read()
+  open(path, "w").write(text[:len(text) // 2])
+  other = tfde.TableConfig(name="other", vocabulary_size=30, embedding_dim=2,
+                           optimizer="adagrad")
+  lookup = tfde.lookup.ShardedLookup({"g": tfde.FeatureConfig(name="g", table=other)})
+  checkpoint = tf.train.Checkpoint(lookup=lookup, counter=tf.Variable(0, dtype=tf.int64))
+  with pytest.raises(ValueError, match="reads with this model's tables"):
+    tfde.checkpoint.DeltaCheckpointManager(checkpoint, str(tmp_path)).restore()
+  assert open(path).read() == text[:len(text) // 2]
+  _assert_restores(str(tmp_path), states[-1])
