@@ -46,6 +46,11 @@ _STRICTER = {
 }
 
 
+def as_float32(value):
+  """`value` as the float32 updates compute with it."""
+  return float(np.float32(value))
+
+
 def _where(table_name):
   return f"table {table_name!r}: " if table_name not in (None, "?") else ""
 
@@ -60,9 +65,11 @@ def check(name, value, optimizer_name, table_name=None):
     return bool(value)
   test, rule = _STRICTER.get(optimizer_name, {}).get(name) or _RULES[name]
   try:
+    # The rule holds for the value the float32 update computes with: 1e-50
+    # is 0 there, 1 - 1e-12 is 1.
     ok = (not isinstance(value, (bool, np.bool_)) and
           isinstance(value, (int, float, np.integer, np.floating)) and
-          abs(float(value)) <= _FLOAT32_MAX and test(float(value)))
+          abs(float(value)) <= _FLOAT32_MAX and test(as_float32(value)))
   except OverflowError:  # an int too large for a float
     ok = False
   if not ok:

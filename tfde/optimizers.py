@@ -38,11 +38,25 @@ class _Hyper(dict):
   def __init__(self, owner, values):
     super().__init__()
     self._owner = owner
+    # The optimizer's check of its settings together (Adagrad's epsilon
+    # and initial accumulator), run again after each assignment.
+    self.revalidate = None
     self.update(values)
 
   def __setitem__(self, name, value):
     hyperparameters.check(name, value, self._owner, None)
+    missing = object()
+    before = self.get(name, missing)
     super().__setitem__(name, value)
+    if self.revalidate is not None:
+      try:
+        self.revalidate()
+      except ValueError:
+        if before is missing:
+          super().__delitem__(name)
+        else:
+          super().__setitem__(name, before)
+        raise
 
   def update(self, *args, **kwargs):
     for name, value in dict(*args, **kwargs).items():
@@ -98,6 +112,7 @@ class SparseOptimizer:
     self.clipnorm = None if clipnorm is None else float(clipnorm)
     self.clipvalue = None if clipvalue is None else float(clipvalue)
     self._validate()
+    self.hyper.revalidate = self._validate
 
   @property
   def clips(self):
@@ -301,7 +316,8 @@ class Adagrad(SparseOptimizer):
 
   def _validate(self):
     super()._validate()
-    if not (self.hyper["epsilon"] > 0 or self.hyper["initial_accumulator_value"] > 0):
+    f32 = hyperparameters.as_float32
+    if not (f32(self.hyper["epsilon"]) > 0 or f32(self.hyper["initial_accumulator_value"]) > 0):
       raise ValueError("Adagrad: epsilon and initial_accumulator_value are both 0, "
                        "so a row whose first gradient is 0 would become NaN; make "
                        "one of them positive")
@@ -348,7 +364,8 @@ class RowwiseAdagrad(SparseOptimizer):
       value = self.hyper[name]
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ValueError(f"RowwiseAdagrad: {name} must be a number >= 0, got {value!r}")
-    if not (self.hyper["epsilon"] > 0 or self.hyper["initial_accumulator_value"] > 0):
+    f32 = hyperparameters.as_float32
+    if not (f32(self.hyper["epsilon"]) > 0 or f32(self.hyper["initial_accumulator_value"]) > 0):
       # A row looked up with an all-zero gradient would step by 0 / 0.
       raise ValueError("RowwiseAdagrad: epsilon and initial_accumulator_value are both "
                        "0, so a row whose first gradient is 0 would become NaN; make "
@@ -393,6 +410,17 @@ class Ftrl(SparseOptimizer):
               "l1_regularization_strength": 0.0,
               "l2_regularization_strength": 0.0,
               "l2_shrinkage_regularization_strength": 0.0, "beta": 0.0}
+
+  def _validate(self):
+    super()._validate()
+    f32 = hyperparameters.as_float32
+    if not any(f32(self.hyper[name]) > 0 for name in (
+        "initial_accumulator_value", "beta", "l2_regularization_strength")):
+      # A row whose accumulator is 0 and whose gradient is 0 would divide
+      # 0 by (beta + sqrt(0)) / lr + 2 l2 = 0.
+      raise ValueError("Ftrl: initial_accumulator_value, beta and "
+                       "l2_regularization_strength are all 0, so a row whose first "
+                       "gradient is 0 would become NaN; make one of them positive")
 
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"] if name == "accumulator" else 0.0

@@ -100,3 +100,22 @@ def test_good_values_still_train():
   assert table.numpy()[0].tolist() == [0.0, 0.0]
   assert optimizers.get({"kind": "ftrl", "learning_rate": 0.1,
                          "learning_rate_power": 0.0}).hyper["learning_rate_power"] == 0.0
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tfde.optimizers.Adam(epsilon=1e-50),          # 0 in float32
+    lambda: tfde.optimizers.Adam(beta_1=1 - 1e-12),       # 1 in float32
+    lambda: tfde.optimizers.Adagrad(epsilon=1e-50, initial_accumulator_value=0.0),
+    lambda: tfde.optimizers.RowwiseAdagrad(epsilon=1e-50, initial_accumulator_value=0.0),
+    lambda: tfde.optimizers.Ftrl(initial_accumulator_value=0.0),
+])
+def test_values_that_float32_rounds_into_a_nan_step_are_refused(make):
+  with pytest.raises(ValueError):
+    make()
+
+
+def test_an_assignment_that_breaks_a_combined_rule_is_refused_and_undone():
+  opt = tfde.optimizers.Adagrad(initial_accumulator_value=0.0, epsilon=1e-7)
+  with pytest.raises(ValueError, match="both 0"):
+    opt.hyper["epsilon"] = 0.0
+  assert opt.hyper["epsilon"] == 1e-7
