@@ -127,7 +127,7 @@ lint: env
 	$(VENV)/bin/ruff check tfde tests bench tools tfde_cli.py setup.py conftest.py
 
 ## test-main: the main suite (every kind of test but the lanes), two workers
-test-main: ops
+test-main: ops hvd-env peers-env
 	$(SUITE_ENV) $(PYTEST) tests tfde tfde_cli.py --doctest-modules $(XDIST_ARGS) --durations=15 $(PYTEST_ARGS)
 
 ## test-unit: the single-process tests and the doctests

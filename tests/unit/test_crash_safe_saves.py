@@ -46,10 +46,10 @@ def _start(zygote, mode, directory):
 def _alive(pid):
   try:
     os.kill(pid, 0)
-  except ProcessLookupError:
+    with open(f"/proc/{pid}/stat") as f:   # a zombie is not alive
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except (ProcessLookupError, FileNotFoundError):   # reaped meanwhile
     return False
-  with open(f"/proc/{pid}/stat") as f:   # a zombie is not alive
-    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _kill_during_saves(zygote, mode, directory, periods):
