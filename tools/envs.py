@@ -181,25 +181,34 @@ def _link(link, target):
   os.replace(tmp, link)
 
 
-def _compiler_version():
-  cxx = os.environ.get("CXX", "g++")
+def _version_of(command):
   try:
-    return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    return subprocess.run([command, "--version"], capture_output=True, text=True).stdout
   except OSError:
-    return cxx
+    return None
+
+
+def _compilers():
+  """The C++ compiler's version, and nvcc's with its CUDA_HOME where one
+  is found (setup.py then builds the GPU kernels too)."""
+  cxx = os.environ.get("CXX", "g++")
+  nvcc = shutil.which("nvcc") or (
+      os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME")
+      else None)
+  return (_version_of(cxx) or cxx, nvcc and _version_of(nvcc), os.environ.get("CUDA_HOME"))
 
 
 def ops_key(name):
-  sources = sorted(glob.glob(os.path.join(REPO, "kernels", "*.cc")) +
-                   glob.glob(os.path.join(REPO, "kernels", "*.h")) +
-                   glob.glob(os.path.join(REPO, "kernels", "*.cu.cc")) +
+  # Every kernel source, the GPU ones in kernels/cuda/ too.
+  sources = sorted(glob.glob(os.path.join(REPO, "kernels", "**", "*.cc"), recursive=True) +
+                   glob.glob(os.path.join(REPO, "kernels", "**", "*.h"), recursive=True) +
                    [os.path.join(REPO, "setup.py")])
   content = hashlib.sha256()
   for source in sources:
     content.update(os.path.relpath(source, REPO).encode())
     with open(source, "rb") as f:
       content.update(f.read())
-  return _digest(env_key(name), content.hexdigest(), _compiler_version(),
+  return _digest(env_key(name), content.hexdigest(), _compilers(),
                  os.environ.get("TFDE_CUDA_ARCHS"))
 
 
