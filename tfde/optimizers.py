@@ -146,6 +146,15 @@ class SparseOptimizer:
   def _validate(self):
     hyperparameters.check_all(self)
 
+  def _one_positive(self, *names):
+    """Refuses settings that are all 0 as float32 computes with them: a row
+    whose first gradient is 0 would then step by 0 / 0."""
+    if not any(hyperparameters.as_float32(self.hyper[name]) > 0 for name in names):
+      listed = ", ".join(names[:-1]) + " and " + names[-1]
+      raise ValueError(f"{type(self).__name__}: {listed} are "
+                       f"{'both' if len(names) == 2 else 'all'} 0, so a row whose first "
+                       "gradient is 0 would become NaN; make one of them positive")
+
   def slot_initial_value(self, name):
     del name
     return 0.0
@@ -316,11 +325,7 @@ class Adagrad(SparseOptimizer):
 
   def _validate(self):
     super()._validate()
-    f32 = hyperparameters.as_float32
-    if not (f32(self.hyper["epsilon"]) > 0 or f32(self.hyper["initial_accumulator_value"]) > 0):
-      raise ValueError("Adagrad: epsilon and initial_accumulator_value are both 0, "
-                       "so a row whose first gradient is 0 would become NaN; make "
-                       "one of them positive")
+    self._one_positive("epsilon", "initial_accumulator_value")
 
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"]
@@ -360,16 +365,7 @@ class RowwiseAdagrad(SparseOptimizer):
 
   def _validate(self):
     super()._validate()
-    for name in ("initial_accumulator_value", "epsilon"):
-      value = self.hyper[name]
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"RowwiseAdagrad: {name} must be a number >= 0, got {value!r}")
-    f32 = hyperparameters.as_float32
-    if not (f32(self.hyper["epsilon"]) > 0 or f32(self.hyper["initial_accumulator_value"]) > 0):
-      # A row looked up with an all-zero gradient would step by 0 / 0.
-      raise ValueError("RowwiseAdagrad: epsilon and initial_accumulator_value are both "
-                       "0, so a row whose first gradient is 0 would become NaN; make "
-                       "one of them positive")
+    self._one_positive("epsilon", "initial_accumulator_value")
 
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"]
@@ -413,14 +409,8 @@ class Ftrl(SparseOptimizer):
 
   def _validate(self):
     super()._validate()
-    f32 = hyperparameters.as_float32
-    if not any(f32(self.hyper[name]) > 0 for name in (
-        "initial_accumulator_value", "beta", "l2_regularization_strength")):
-      # A row whose accumulator is 0 and whose gradient is 0 would divide
-      # 0 by (beta + sqrt(0)) / lr + 2 l2 = 0.
-      raise ValueError("Ftrl: initial_accumulator_value, beta and "
-                       "l2_regularization_strength are all 0, so a row whose first "
-                       "gradient is 0 would become NaN; make one of them positive")
+    # 0 / ((beta + sqrt(0)) / lr + 2 l2) for a zero gradient on a zero accumulator.
+    self._one_positive("initial_accumulator_value", "beta", "l2_regularization_strength")
 
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"] if name == "accumulator" else 0.0
