@@ -128,11 +128,11 @@ lint: env
 
 ## test-main: the main suite (every kind of test but the lanes), two workers
 test-main: ops hvd-env peers-env
-	$(SUITE_ENV) $(PYTEST) tests tfde tfde_cli.py --doctest-modules $(XDIST_ARGS) --durations=15 $(PYTEST_ARGS)
+	$(SUITE_ENV) $(PYTEST) tests tfde --doctest-modules $(XDIST_ARGS) --durations=15 $(PYTEST_ARGS)
 
 ## test-unit: the single-process tests and the doctests
 test-unit: ops
-	$(PYTEST) tests/unit tfde tfde_cli.py --doctest-modules $(XDIST_ARGS) $(PYTEST_ARGS)
+	$(PYTEST) tests/unit tfde --doctest-modules $(XDIST_ARGS) $(PYTEST_ARGS)
 
 ## test-distributed: the multi-process tests (MultiWorkerMirrored, horovodrun)
 test-distributed: ops hvd-env
@@ -153,7 +153,7 @@ test:
 
 ## test-fast: the main suite without the Horovod and peer environments
 test-fast: ops
-	$(PYTEST) tests tfde tfde_cli.py --doctest-modules $(XDIST_ARGS) $(PYTEST_ARGS)
+	$(PYTEST) tests tfde --doctest-modules $(XDIST_ARGS) $(PYTEST_ARGS)
 
 ## cuda-test: the CUDA launchers against the numpy oracles (needs nvcc and a GPU; skips without)
 cuda-test:
@@ -224,7 +224,7 @@ delta-bench: ops
 
 ## demo: the main job, a DLRM-style model on generated Criteo-like data, 2 replicas (reports/demo/)
 demo: ops
-	$(PY) tfde_cli.py train --config configs/demo.yaml
+	$(PY) -m tfde.app train --config configs/demo.yaml
 
 # Offline with Debian's bazel-bootstrap (Bazel 4), whose rules_cc/rules_java
 # are replaced by the forwarding shims in third_party/.

@@ -252,9 +252,9 @@ setup(
         "dtensor": ["tf_keras>=2.18,<2.22"],
         "test": ["pytest", "pytest-timeout"],
     },
-    # The command's front is a top-level module so `tfde --help` needs no
-    # TensorFlow (importing the tfde package loads it).
+    # `import tfde` is lazy, so the command's help needs no TensorFlow.
+    # tfde_cli: the command's old module, a deprecated alias for one release.
     py_modules=["tfde_cli"],
-    entry_points={"console_scripts": ["tfde=tfde_cli:main"]},
+    entry_points={"console_scripts": ["tfde=tfde.app.command:main"]},
     zip_safe=False,
 )

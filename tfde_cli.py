@@ -1,173 +1,19 @@
-"""The `tfde` command: its arguments and help, answered without TensorFlow.
+"""Deprecated: the `tfde` command moved to `tfde.app.command`; this alias
+forwards to it for one release (`python -m tfde_cli` still runs it).
 
-`import tfde` loads TensorFlow and the op library (a few seconds), so the
-command's front lives outside the package: parsing, `--help` and argument
-errors need only the standard library, and TensorFlow is imported only
-once a subcommand runs (`tfde.app.cli` for `train`, `tfde.app.inspect`
-for `inspect`), quietly unless `--verbose`.
-
->>> parser = build_parser()
->>> args = parser.parse_args(["train", "--config", "configs/demo.yaml"])
->>> args.command, args.config, args.verbose
-('train', 'configs/demo.yaml', False)
+Import `tfde.app.command` (or run `python -m tfde.app`) instead.
 """
 
-import argparse
-import contextlib
-import os
 import sys
+import warnings
 
-TRAIN_EXAMPLES = """\
-examples:
-  tfde train --config configs/demo.yaml
-  tfde train --config configs/demo.yaml --data ../shared/data/ml-latest-small/ratings.csv
-  tfde train --config configs/demo.yaml --projector site   # then: tensorboard --logdir reports/demo/tensorboard
-"""
+warnings.warn("tfde_cli is deprecated and will be removed in the next release; "
+              "use tfde.app.command (the `tfde` command, or `python -m tfde.app`)",
+              DeprecationWarning, stacklevel=2)
 
-INSPECT_EXAMPLES = """\
-examples:
-  tfde inspect reports/demo/checkpoint
-  tfde inspect reports/demo/checkpoint --hot 10 --plot reports/demo/inspect
-  tfde inspect exported_model/            # a SavedModel from tfde.export_for_serving
-"""
-
-PLAN_EXAMPLES = """\
-examples:
-  tfde plan --config configs/demo.yaml
-  tfde plan --config configs/demo.yaml --replicas 4 --memory-per-replica 64MiB
-"""
-
-MAIN_EXAMPLES = """\
-examples:
-  tfde train --config configs/demo.yaml
-  tfde inspect reports/demo/checkpoint --hot 10
-  tfde plan --config configs/demo.yaml --replicas 4
-  tfde train --help
-"""
-
-
-def build_parser():
-  """The `tfde` argument parser (standard library only)."""
-  formatter = argparse.RawDescriptionHelpFormatter
-  parser = argparse.ArgumentParser(
-      prog="tfde", formatter_class=formatter, epilog=MAIN_EXAMPLES,
-      description="tfde: TensorFlow Distributed Embeddings (sharded embedding "
-      "tables on stock TensorFlow).")
-  sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-  train = sub.add_parser(
-      "train", formatter_class=formatter, epilog=TRAIN_EXAMPLES,
-      help="train a DLRM-style ranking model from a YAML config and write a report",
-      description="Train a DLRM-style ranking model from a YAML config on N "
-      "replicas, evaluate it, and write a report (metrics.json, summary.md, "
-      "plots, TensorBoard logs, a checkpoint).")
-  train.add_argument("--config", required=True, metavar="YAML",
-                     help="the job config (see configs/demo.yaml)")
-  train.add_argument("--data", metavar="RATINGS_CSV",
-                     help="train on a MovieLens ratings.csv instead of generated data")
-  train.add_argument("--report-dir", metavar="DIR",
-                     help="where to write the report (default: the config's report_dir)")
-  train.add_argument("--projector", metavar="TABLE", action="append", default=[],
-                     help="also write TABLE's rows for TensorBoard's embedding "
-                     "projector (repeatable)")
-  train.add_argument("--verbose", action="store_true",
-                     help="show TensorFlow's start-up and runtime log lines")
-  train.add_argument("--delta-every", metavar="N", type=int, default=0,
-                     help="every N steps write a delta checkpoint (report_dir/"
-                     "delta_checkpoints) and a delta serving export (report_dir/"
-                     "serving); the report lists their sizes")
-  train.add_argument("--plan", metavar="PLAN_JSON",
-                     help="lay the tables out as this `tfde plan` plan.json says "
-                     "(made for the job's tables and replica count)")
-
-  inspect = sub.add_parser(
-      "inspect", formatter_class=formatter, epilog=INSPECT_EXAMPLES,
-      help="show what a checkpoint or SavedModel holds, table by table",
-      description="Show, per embedding table of a checkpoint (written with "
-      "any replica count) or SavedModel: its config, rows (live rows of a "
-      "dynamic table), bytes of rows and optimizer slots, optimizer and step, "
-      "and the distribution of its rows' norms. No strategy is needed.")
-  inspect.add_argument("path", metavar="CHECKPOINT_OR_SAVEDMODEL",
-                       help="a checkpoint prefix or folder, or a SavedModel folder")
-  inspect.add_argument("--hot", type=int, default=0, metavar="K",
-                       help="also list the K most frequent ids (tables that keep counts)")
-  inspect.add_argument("--plot", metavar="DIR",
-                       help="write row-norm and id-frequency plots (PNG) to DIR")
-  inspect.add_argument("--verbose", action="store_true",
-                       help="show TensorFlow's start-up and runtime log lines")
-
-  plan = sub.add_parser(
-      "plan", formatter_class=formatter, epilog=PLAN_EXAMPLES,
-      help="plan the sharding of a config's tables (tfde.planner)",
-      description="Plan the sharding of a job config's tables on a batch of "
-      "its data (tfde.planner): per table its kind, owners and bytes, per "
-      "replica the totals; writes plan.txt, plan.json and plan.png.")
-  plan.add_argument("--config", required=True, metavar="YAML",
-                    help="the job config (see configs/demo.yaml)")
-  plan.add_argument("--replicas", type=int, metavar="N",
-                    help="replicas to plan for (default: the config's)")
-  plan.add_argument("--memory-per-replica", metavar="BYTES",
-                    help="bytes for rows and optimizer slots per replica, "
-                    "e.g. 64MiB (default: unlimited)")
-  plan.add_argument("--data", metavar="RATINGS_CSV",
-                    help="plan on a MovieLens ratings.csv instead of generated data")
-  plan.add_argument("--report-dir", metavar="DIR",
-                    help="where to write the plan (default: the config's report_dir)")
-  plan.add_argument("--verbose", action="store_true",
-                    help="show TensorFlow's start-up and runtime log lines")
-  return parser
-
-
-@contextlib.contextmanager
-def _stderr_silenced():
-  """File descriptor 2 to /dev/null for the duration: the C++ log lines
-  TensorFlow prints while it loads (oneDNN, cpu_feature_guard) come from
-  absl before its logging is initialised, which ignores
-  TF_CPP_MIN_LOG_LEVEL; only the descriptor catches them."""
-  sys.stderr.flush()
-  saved = os.dup(2)
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  try:
-    os.dup2(devnull, 2)
-    yield
-  finally:
-    sys.stderr.flush()
-    os.dup2(saved, 2)
-    os.close(saved)
-    os.close(devnull)
-
-
-def load_tensorflow(verbose):
-  """Imports TensorFlow and tfde, silencing their start-up log lines and
-  later C++ and Python logs below errors unless `verbose`."""
-  if verbose:
-    import tfde  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-    return
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  with _stderr_silenced():
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-    import tfde  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  tf.get_logger().setLevel("ERROR")
-  try:
-    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-    absl_logging.set_verbosity(absl_logging.ERROR)
-  except ImportError:
-    pass
-
-
-def main(argv=None):
-  args = build_parser().parse_args(argv)
-  load_tensorflow(args.verbose)
-  if args.command == "train":
-    from tfde.app import cli  # pylint: disable=g-import-not-at-top
-    return cli.train_command(args)
-  if args.command == "plan":
-    from tfde.app import cli  # pylint: disable=g-import-not-at-top
-    return cli.plan_command_main(args)
-  from tfde.app import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
-  return inspect_lib.inspect_command(args)
-
+from tfde.app.command import build_parser  # noqa: E402,F401
+from tfde.app.command import load_tensorflow  # noqa: E402,F401
+from tfde.app.command import main  # noqa: E402
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -12,8 +12,8 @@ import uuid
 import pytest
 import yaml
 
-import tfde_cli
 from tfde.app import cli
+from tfde.app import command
 from tfde.app import limits
 from tfde.app import plan_command
 from tfde.app.config import ConfigError
@@ -39,7 +39,7 @@ def _config(tmp_path, **data):
 
 
 def _train(argv, capsys):
-  args = tfde_cli.build_parser().parse_args(["train"] + argv)
+  args = command.build_parser().parse_args(["train"] + argv)
   rc = cli.train_command(args)
   return rc, capsys.readouterr().err
 

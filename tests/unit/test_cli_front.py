@@ -1,4 +1,4 @@
-"""The `tfde` command's front (tfde_cli): help without TensorFlow, quick;
+"""The `tfde` command's front (tfde.app.command): help without TensorFlow, quick;
 one line on stderr for a config error; TensorFlow's start-up lines only
 with --verbose; each subcommand's help has a description and an example."""
 
@@ -16,8 +16,8 @@ def _commands():
   """Every subcommand the parser has (so a new one is checked too)."""
   import argparse  # pylint: disable=g-import-not-at-top
 
-  import tfde_cli  # pylint: disable=g-import-not-at-top
-  action = next(a for a in tfde_cli.build_parser()._actions  # pylint: disable=protected-access
+  from tfde.app import command  # pylint: disable=g-import-not-at-top
+  action = next(a for a in command.build_parser()._actions  # pylint: disable=protected-access
                 if isinstance(a, argparse._SubParsersAction))  # pylint: disable=protected-access
   return sorted(action.choices)
 
@@ -25,7 +25,7 @@ def _commands():
 def _run(args, env=None, timeout=120):
   env = dict(os.environ, PYTHONPATH=REPO, **(env or {}))
   env.pop("TF_CPP_MIN_LOG_LEVEL", None)   # as a user's shell has it
-  return subprocess.run([sys.executable, "-m", "tfde_cli"] + args, capture_output=True,
+  return subprocess.run([sys.executable, "-m", "tfde.app"] + args, capture_output=True,
                         text=True, env=env, cwd=REPO, timeout=timeout)
 
 
@@ -34,12 +34,16 @@ def test_help_is_quick_and_imports_no_tensorflow(args):
   # -X importtime lists every module imported, on stderr.
   env = dict(os.environ, PYTHONPATH=REPO)
   start = time.perf_counter()
-  result = subprocess.run([sys.executable, "-X", "importtime", "-m", "tfde_cli"] + args,
+  result = subprocess.run([sys.executable, "-X", "importtime", "-m", "tfde.app"] + args,
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
   elapsed = time.perf_counter() - start
   assert result.returncode == 0, result.stderr[-2000:]
   imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines()}
-  assert not {"tensorflow", "tfde", "keras", "numpy"} & imported
+  # tfde's facade is lazy: the command imports it and none of its submodules
+  # but the command's own and the version check's.
+  assert not {"tensorflow", "keras", "numpy"} & imported
+  assert {m for m in imported if m.startswith("tfde.")} <= {
+      "tfde.app", "tfde.app.command", "tfde.app.__main__", "tfde.tf_version"}
   assert elapsed < 1.0, elapsed
   assert "usage: tfde" in result.stdout
 
@@ -83,3 +87,30 @@ def test_an_unknown_command_is_an_argument_error():
   result = _run(["trian"])
   assert result.returncode == 2
   assert "invalid choice: 'trian'" in result.stderr
+
+
+def test_import_tfde_loads_no_tensorflow_until_a_submodule_is_used():
+  code = ("import sys, tfde\n"
+          "assert 'tensorflow' not in sys.modules, 'import tfde loaded TensorFlow'\n"
+          "assert {'TableConfig', 'lookup', 'layers'} <= set(dir(tfde))\n"
+          "tfde.TableConfig\n"
+          "assert 'tensorflow' in sys.modules and 'tfde.config' in sys.modules\n")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_old_module_warns_and_forwards():
+  code = ("import warnings\n"
+          "with warnings.catch_warnings(record=True) as caught:\n"
+          "  warnings.simplefilter('always')\n"
+          "  import tfde_cli\n"
+          "from tfde.app import command\n"
+          "assert tfde_cli.main is command.main\n"
+          "assert [w.category for w in caught] == [DeprecationWarning], caught\n")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO, timeout=60)
+  assert result.returncode == 0, result.stderr[-2000:]
+  old = subprocess.run([sys.executable, "-m", "tfde_cli", "--help"], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO, timeout=60)
+  assert old.returncode == 0 and "usage: tfde" in old.stdout, old.stderr[-2000:]

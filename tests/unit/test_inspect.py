@@ -113,7 +113,7 @@ def test_reads_checkpoints_of_any_replica_count(checkpoints, replicas):
 def test_command_prints_each_table_and_writes_plots(checkpoints, tmp_path):
   env = dict(os.environ, PYTHONPATH=REPO)
   result = subprocess.run(
-      [sys.executable, "-m", "tfde_cli", "inspect", str(checkpoints / "n4"),
+      [sys.executable, "-m", "tfde.app", "inspect", str(checkpoints / "n4"),
        "--hot", "2", "--plot", str(tmp_path / "plots")],
       capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -91,7 +91,7 @@ def test_command_prints_exports(exports):
                                    "hot ids: not kept (a serving export keeps no counts)"]),
                          ("delta", ["delta export, 2 tables", "table user (delta;",
                                     "changed rows:", "removed ids:"])]:
-    result = subprocess.run([sys.executable, "-m", "tfde_cli", "inspect",
+    result = subprocess.run([sys.executable, "-m", "tfde.app", "inspect",
                              str(directory / name), "--hot", "3"],
                             capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]

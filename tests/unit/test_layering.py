@@ -25,7 +25,7 @@ LAYERS = (
                 "tfde.optimizers", "tfde.hyperparameters")),
     ("ops and communicators", ("tfde.ops", "tfde.comm")),
     ("foundations", ("tfde.config", "tfde.sharding", "tfde.collective_keys", "tfde.atomic_files",
-                     "tfde._build_info")),
+                     "tfde._build_info", "tfde.tf_version", "tfde.tf_internals")),
 )
 
 # (importer, imported): each an upward import today. Mend one, delete its line.

@@ -274,7 +274,7 @@ def _step_history(batch_size):
 
 
 def train_command(args):
-  """`tfde train` once its arguments are parsed (`tfde_cli` parses them and
+  """`tfde train` once its arguments are parsed (`tfde.app.command` parses them and
   loads TensorFlow quietly); returns the exit code."""
   from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
   try:
@@ -330,8 +330,8 @@ def plan_command_main(args):
 
 def main(argv=None):
   """`python -m tfde.app.cli ...`, the same as the `tfde` command."""
-  import tfde_cli  # pylint: disable=g-import-not-at-top
-  return tfde_cli.main(argv)
+  from tfde.app import command  # pylint: disable=g-import-not-at-top
+  return command.main(argv)
 
 
 if __name__ == "__main__":

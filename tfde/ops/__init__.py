@@ -24,7 +24,13 @@ import os
 import threading
 import warnings
 
-import tensorflow as tf
+from tfde import tf_version
+
+# Before TensorFlow's modules and the op library load: a TensorFlow tfde
+# does not support, or another than the library's, is refused by name.
+tf_version.check_tensorflow()
+
+import tensorflow as tf  # noqa: E402
 
 from tfde.ops import checks  # noqa: F401 (public)
 from tfde.ops import native
