@@ -44,6 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfde import delta_manifest
+from tfde import tf_internals
 from tfde.tables import base as tables_base
 from tfde.tables import restore_checks
 
@@ -103,16 +104,10 @@ def find_tables(root):
 
 def _checkpoint_keys(root):
   """{id(object): its path in checkpoint keys} for every object that
-  `root`'s checkpoints hold, as TensorFlow's saver names them (escaped
-  names, its own traversal). TensorFlow's private modules, imported here so
-  that only a restore would fail should a release move them
-  (tests/unit/test_delta_checkpoint.py restores through them)."""
-  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.checkpoint import graph_view
-  from tensorflow.python.trackable import trackable_utils
-  node_paths = graph_view.ObjectGraphView(root).breadth_first_traversal()[1]
-  return {id(obj): trackable_utils.object_path_to_string(path)
-          for obj, path in node_paths.items()}
+  `root`'s checkpoints hold (`tf_internals.checkpoint_keys`; imported on
+  first use, so that only a restore would fail should a release move them:
+  tests/unit/test_delta_checkpoint.py restores through them)."""
+  return tf_internals.checkpoint_keys(root)
 
 
 def write_atomically(path, text):

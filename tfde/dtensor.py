@@ -57,6 +57,8 @@ measurements).
 import numpy as np
 import tensorflow as tf
 
+from tfde import tf_internals
+
 try:
   import tf_keras
 except ImportError as e:  # pragma: no cover - depends on the environment
@@ -67,8 +69,6 @@ except ImportError as e:  # pragma: no cover - depends on the environment
   ) from e
 
 from tensorflow.experimental import dtensor as dt
-from tensorflow.python.framework import cpp_shape_inference_pb2
-from tensorflow.python.ops import resource_variable_ops
 
 from tfde import config as config_lib
 from tfde import initializers
@@ -82,18 +82,7 @@ __all__ = ["DistributedEmbedding", "DTensorTable"]
 def _shard_view(handle, shape, name):
   """A plain resource variable over one device's component of a DVariable
   (its handle from `dtensor.unpack`), so tfde's ops update it in place."""
-  data = cpp_shape_inference_pb2.CppShapeInferenceResult.HandleData()
-  data.is_set = True
-  data.shape_and_type.append(
-      cpp_shape_inference_pb2.CppShapeInferenceResult.HandleShapeAndType(
-          shape=tf.TensorShape(shape).as_proto(),
-          dtype=handle_dtype(handle).as_datatype_enum))
-  handle._handle_data = data  # pylint: disable=protected-access
-  with tf.device(handle.device):
-    return resource_variable_ops.BaseResourceVariable(
-        trainable=False, shape=tf.TensorShape(shape), dtype=handle_dtype(handle),
-        handle=handle, handle_name=name, unique_id=f"{name}_{id(handle)}",
-        in_graph_mode=False)
+  return tf_internals.variable_over_handle(handle, shape, handle_dtype(handle), name)
 
 
 def handle_dtype(handle):

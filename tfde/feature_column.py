@@ -43,9 +43,8 @@ import threading
 import weakref
 
 import tensorflow as tf
-from tensorflow.python.feature_column import feature_column as fc_old
-from tensorflow.python.feature_column import feature_column_v2 as fc_v2
 
+from tfde import tf_internals
 from tfde.compat import deeprec
 
 _lock = threading.Lock()
@@ -74,7 +73,10 @@ class _Group:
     self._cache[id(builder)] = (weakref.ref(builder), results)
 
 
-class GroupedEmbeddingColumn(fc_v2.EmbeddingColumn):
+_EmbeddingColumn, _SEQUENCE_COLUMNS = tf_internals.feature_column_classes()
+
+
+class GroupedEmbeddingColumn(_EmbeddingColumn):
   """An `EmbeddingColumn` whose lookup is fused with its group's."""
 
   def _get_dense_tensor(self, inputs, weight_collections=None, trainable=None):
@@ -156,8 +158,7 @@ def _grouped_embedding_column(original):
     if column.ckpt_to_load_from is not None:
       raise ValueError(f"embedding column {column.name} in group {group.name}: "
                        "ckpt_to_load_from is not supported by grouped lookups")
-    if isinstance(column.categorical_column,
-                  (fc_v2.SequenceCategoricalColumn, fc_old._SequenceCategoricalColumn)):  # pylint: disable=protected-access
+    if isinstance(column.categorical_column, _SEQUENCE_COLUMNS):
       raise ValueError(f"embedding column {column.name} in group {group.name}: "
                        "sequence columns cannot be grouped")
     grouped = GroupedEmbeddingColumn(*column)

@@ -23,17 +23,15 @@ from tfde import keras_support
 if not keras_support.has_keras3():
   raise ImportError(keras_support.missing_keras3_message())
 
-import sys  # noqa: E402
 
 import keras  # noqa: E402
 import numpy as np
 import tensorflow as tf
-from keras.src.backend.common.stateless_scope import in_stateless_scope
-from tensorflow.python.util import nest
 
 from tfde import inputs as inputs_lib
 from tfde import lookup as lookup_lib
 from tfde import planner as planner_lib
+from tfde import tf_internals
 from tfde import tpu as tpu_lib
 from tfde.compat import keras_multiworker
 from tfde.config import FeatureConfig  # noqa: F401 (re-export)
@@ -94,13 +92,10 @@ class _StagedLoad:
 
     def close_and_write():
       try:
-        # The frame of Keras's saving_lib that closes the store holds its
-        # failures (`failed_saveables`) and `skip_mismatch` (whether
-        # failures are only warnings). Where that frame cannot be read, the
+        # Keras's saving_lib, closing the store, holds its failures and
+        # whether they are only warnings. Where they cannot be read, the
         # tfde layers' own checks decide.
-        caller = sys._getframe(1).f_locals  # pylint: disable=protected-access
-        others_failed = bool(caller.get("failed_saveables"))
-        partial_ok = bool(caller.get("skip_mismatch"))
+        others_failed, partial_ok = tf_internals.keras_load_outcome()
         if partial_ok or not (self.failed or others_failed):
           for write in self.writes:
             write()
@@ -208,7 +203,7 @@ class DistributedEmbedding(keras.layers.Layer):
       if what == "weights":
         structure = {k: structure.get(k) for k in configs}
     try:
-      leaves = nest.flatten_up_to(configs, structure)
+      leaves = tf_internals.flatten_up_to(configs, structure)
     except (ValueError, TypeError) as e:
       raise ValueError(f"{what} do not have the structure of feature_configs "
                        f"({', '.join(f.name for f in self._flat_features)}): {e}"
@@ -235,7 +230,7 @@ class DistributedEmbedding(keras.layers.Layer):
         not {"inputs", "weights"} <= set(self._feature_configs)):
       inputs, weights = inputs["inputs"], inputs["weights"]  # from preprocess
     by_name = self._by_name(inputs, "inputs")
-    if in_stateless_scope():
+    if tf_internals.in_keras_stateless_scope():
       # Keras infers output shapes by tracing call in a scratch graph (its
       # symbolic build of subclassed models); no lookup may run there.
       return tf.nest.pack_sequence_as(self._feature_configs, [

@@ -42,9 +42,6 @@ import dataclasses
 import itertools
 
 import tensorflow as tf
-from tensorflow.python.eager import record
-from tensorflow.python.eager import tape as tape_lib
-from tensorflow.python.framework import func_graph
 
 from tfde import collective_keys
 from tfde import comm as comm_lib
@@ -56,6 +53,7 @@ from tfde import ops
 from tfde import planner as planner_lib
 from tfde import routing
 from tfde import tables as tables_lib
+from tfde import tf_internals
 from tfde import tpu as tpu_lib
 from tfde.tables import tpu as tpu_tables
 
@@ -64,10 +62,9 @@ def wants_gradient(tensor):
   """Whether a gradient of `tensor` may be asked for: a tape watches it
   (eagerly, or while tracing a tf.function), or a TF1 graph, where
   tf.gradients may ask for anything later."""
-  if not tf.executing_eagerly() and not isinstance(
-      tf.compat.v1.get_default_graph(), func_graph.FuncGraph):
+  if not tf.executing_eagerly() and not tf_internals.building_function_graph():
     return True
-  return record.should_record_backprop([tf.convert_to_tensor(tensor)])
+  return tf_internals.tape_records(tensor)
 
 
 def cached_lookup(tables, key, make):
@@ -394,7 +391,7 @@ class ShardedLookup(tf.Module):
       # does not see; tell it, so gradients can flow to them. (When
       # training in backward, watching them would only cost a copy.)
       for variable in group.gradient_variables(step.replica):
-        tape_lib.variable_accessed(variable)
+        tf_internals.mark_variable_read(variable)
     if step.fused:
       if step.pooled is None and not step.deduped and ops.types.on_cpu(
           group.device(step.replica)):

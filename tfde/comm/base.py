@@ -5,8 +5,8 @@ import abc
 import dataclasses
 
 import tensorflow as tf
-from tensorflow.python.ops import resource_variable_ops
 
+from tfde import tf_internals
 from tfde.ops import checks
 
 
@@ -33,9 +33,8 @@ def local_variable(initial_value, name, trainable=False, device=None):
   creator of an enclosing strategy scope: a shard or a counter must not
   become a mirrored variable.
   """
-  with tf.init_scope(), tf.device(device):
-    return resource_variable_ops.ResourceVariable(
-        initial_value, name=name, trainable=trainable)
+  return tf_internals.local_variable(initial_value, name=name, device=device,
+                                     trainable=trainable)
 
 
 def in_tf1_graph():

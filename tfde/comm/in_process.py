@@ -3,8 +3,8 @@ TPUStrategy (`TPUCommunicator`, whose engine moves the rows) and
 MirroredStrategy (`MirroredCommunicator`)."""
 
 import tensorflow as tf
-from tensorflow.python.distribute import values as distribute_values
 
+from tfde import tf_internals
 from tfde.comm.base import Communicator
 
 
@@ -112,7 +112,7 @@ class MirroredCommunicator(Communicator):
       for j in range(n):
         with tf.device(self._devices[j]):
           received.append(tf.identity(matrix[:, j]))
-      return distribute_values.PerReplica(received)
+      return tf_internals.per_replica(received)
 
     return self._merge(exchange_counts, payload), None
 
@@ -163,4 +163,4 @@ class MirroredCommunicator(Communicator):
         received.append(receive(j))
     counted = [self._count_bytes(d, c, i) for i, (d, c) in enumerate(zip(datas, all_counts))]
     with tf.control_dependencies(counted):
-      return distribute_values.PerReplica([tf.identity(r) for r in received])
+      return tf_internals.per_replica([tf.identity(r) for r in received])

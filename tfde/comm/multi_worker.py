@@ -5,7 +5,6 @@ import itertools
 import zlib
 
 import tensorflow as tf
-from tensorflow.python.ops import collective_ops
 
 from tfde import collective_keys
 from tfde.comm.base import Communicator
@@ -83,9 +82,9 @@ class MultiWorkerCommunicator(Communicator):
     return self._INSTANCE_KEY_BASE + slot * self._BUCKETS_PER_CALL_SITE + bucket
 
   def _exchange_counts(self, payload):
-    matrix = collective_ops.all_gather_v2(
-        payload[None], group_size=self.num_replicas,
-        group_key=self._GROUP_KEY, instance_key=self._instance_key(payload[None]))
+    matrix = tf.raw_ops.CollectiveGatherV2(
+        input=payload[None], group_size=self.num_replicas, group_key=self._GROUP_KEY,
+        instance_key=self._instance_key(payload[None]), ordering_token=[])
     received = matrix[:, self.replica_id()]
     counts = matrix if payload.shape.rank == 1 else matrix[..., 0]  # stamps aside
     return received, tf.reduce_max(counts)
@@ -120,9 +119,9 @@ class MultiWorkerCommunicator(Communicator):
     padded = tf.reshape(tf.concat(pieces, 0), tf.concat([[n, chunk], row_shape], 0))
     counted = self._count_bytes(data, send_counts, me)
     with tf.control_dependencies([counted]):
-      received = collective_ops.all_to_all_v2(
-          padded, group_size=n, group_key=self._GROUP_KEY,
-          instance_key=self._instance_key(padded, bucket))
+      received = tf.raw_ops.CollectiveAllToAllV2(
+          input=padded, group_size=n, group_key=self._GROUP_KEY,
+          instance_key=self._instance_key(padded, bucket), ordering_token=[])
     # Each source's rows, without its padding: a split and one concat
     # again, a little cheaper than a boolean mask (3.1 against 3.4 ms, the
     # same file).

@@ -25,6 +25,8 @@ code fails.
 
 import tensorflow as tf
 
+from tfde import tf_internals
+
 _applied = False
 
 
@@ -38,11 +40,11 @@ def apply():
   global _applied
   if _applied:
     return
-  try:
-    from keras.src import tree  # pylint: disable=g-import-not-at-top
-    from keras.src.backend.tensorflow import trainer  # pylint: disable=g-import-not-at-top
-  except ImportError:
+  trainer = tf_internals.keras_tensorflow_trainer()
+  if trainer is None:
     return
+  import keras  # pylint: disable=g-import-not-at-top
+  tree = keras.tree
   original = getattr(trainer.TensorFlowTrainer, "_maybe_symbolic_build", None)
   if original is None:
     return

@@ -19,7 +19,8 @@ import contextlib
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util
+
+from tfde import tf_internals
 
 
 def message(parts):
@@ -29,7 +30,7 @@ def message(parts):
   # with soft placement off still builds (its Assert reads host memory).
   # Not inside an XLA computation (a TPU program), where TensorFlow itself
   # moves what XLA cannot compile out to the host.
-  in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+  in_xla = tf_internals.in_xla_context()
   with contextlib.nullcontext() if in_xla else tf.device("/device:CPU:0"):
     return tf.strings.join([
         p if isinstance(p, str) else tf.strings.reduce_join(

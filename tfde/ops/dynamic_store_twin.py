@@ -12,8 +12,8 @@ TF hash tables and variables with the kernel resource's behaviour.
 """
 
 import tensorflow as tf
-from tensorflow.python.ops import resource_variable_ops
 
+from tfde import tf_internals
 from tfde.ops.checks import assert_that
 from tfde.ops.checks import check
 from tfde.ops.checks import check_rank
@@ -75,9 +75,7 @@ def _find(table, keys):
 def _local_variable(initial_value, shape, name, device):
   # A ResourceVariable built directly, outside any strategy's variable
   # creator: a shard's storage must not become a mirrored variable.
-  with tf.init_scope(), tf.device(device):
-    return resource_variable_ops.ResourceVariable(
-        initial_value, shape=tf.TensorShape(shape), name=name, trainable=False)
+  return tf_internals.local_variable(initial_value, name=name, device=device, shape=shape)
 
 
 def _ops_of(updates):

@@ -11,8 +11,8 @@ import os
 import weakref
 
 import tensorflow as tf
-from tensorflow.python.eager import context
 
+from tfde import tf_internals
 from tfde.ops import reference
 from tfde.ops import sample_keys_twin
 from tfde.ops import types
@@ -258,7 +258,7 @@ def _destroy_resource(handle, device):
   # leaving the rows allocated (and, inside the trace, once hung a suite).
   # Eagerly, as TensorFlow's own resource deleters do.
   try:
-    with context.eager_mode(), tf.device(device):
+    with tf_internals.eager_mode(), tf.device(device):
       tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
   except Exception:  # pylint: disable=broad-except
     pass  # interpreter shutdown: nothing left to free

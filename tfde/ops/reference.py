@@ -17,7 +17,6 @@ its kernel refuses (tfde.ops.checks holds the kernels' checks).
 """
 
 import tensorflow as tf
-from tensorflow.python.ops import gen_resource_variable_ops
 
 from tfde.ops.checks import assert_that
 from tfde.ops.checks import check
@@ -490,7 +489,7 @@ def gather_from_tables(tables, rows, bases):
                                  count)
     # Read through the handles, as the kernel does: a tape then does not
     # watch (and copy) whole tables for a lookup that trains in backward.
-    gathered = [gen_resource_variable_ops.resource_gather(t.handle, p, tf.float32)
+    gathered = [tf.raw_ops.ResourceGather(resource=t.handle, indices=p, dtype=tf.float32)
                 for t, p in zip(tables, parts)]
     return tf.dynamic_stitch(slots, gathered)
 

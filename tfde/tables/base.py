@@ -40,7 +40,6 @@ nothing outside the table keeps it alive or looks it up.
 import contextlib
 import dataclasses
 import random
-import sys
 import threading
 import zlib
 
@@ -51,6 +50,7 @@ from tfde import comm as comm_lib
 from tfde import inputs
 from tfde import ops
 from tfde import optimizers
+from tfde import tf_internals
 from tfde.ops import checks
 from tfde.tables import restore_checks
 from tfde.tables import tpu as tpu_tables
@@ -524,7 +524,7 @@ class Table(tf.Module):
     # whole-table copies (tfde.serving).
     del save_type, kwargs
     if not _tables_left_out():
-      restore_checks.check_during_traversal(self, sys._getframe(1))  # pylint: disable=protected-access
+      restore_checks.check_during_traversal(self, tf_internals.checkpoint_traversed_by_caller())
     return {}
 
   def _serialize_to_tensors(self):
@@ -548,25 +548,17 @@ def check_tables_of_this_restore():
 
   TensorFlow reads every tensor of a restore first (one RestoreV2 per
   task), then calls each object's `_restore_from_tensors` in turn with its
-  own tensors only; no hook sees them all. They are in the caller's frame,
-  `MultiDeviceSaver.restore`'s `restore_fn` (TF 2.18 to 2.21), and read
-  from there. tests/unit/test_atomic_restore.py fails should a TensorFlow
-  release move them, rather than let a restore load part of a checkpoint
-  silently.
+  own tensors only; no hook sees them all. They are read from the saver's
+  frame (`tf_internals.restore_being_read`, TF 2.18 to 2.21).
+  tests/unit/test_atomic_restore.py fails should a TensorFlow release move
+  them, rather than let a restore load part of a checkpoint silently.
   """
   if not tf.executing_eagerly():
     return
-  frame = sys._getframe(1)  # pylint: disable=protected-access
-  while frame is not None and not (frame.f_code.co_name == "restore_fn" and
-                                   "restored_tensor_dict" in frame.f_code.co_varnames):
-    frame = frame.f_back
-  if frame is None:
+  restore = tf_internals.restore_being_read()
+  if restore is None:
     return
-  saver = frame.f_locals.get("self")
-  restored = frame.f_locals.get("restored_tensor_dict")
-  owners = getattr(saver, "_keys_to_restore_fn", None)
-  if not isinstance(restored, dict) or not isinstance(owners, dict):
-    return
+  saver, restored, owners = restore
   # A restore is known by the ids of its dict and of every tensor in it: a
   # freed dict's id alone can come back for a later restore, whose tables
   # would then go unchecked; holding the dicts would keep their tensors alive.
@@ -592,7 +584,7 @@ def _table_of(restore_fn):
   """The table a restore function of TensorFlow's saver restores, if any:
   the table's own method, or (through the legacy saveable path that
   tf.train.Checkpoint takes) a converter of the saveable of one."""
-  owner = getattr(restore_fn, "__self__", None)
-  if not isinstance(owner, Table):
-    owner = getattr(getattr(owner, "obj", None), "_trackable", None)
-  return owner if isinstance(owner, Table) else None
+  for owner in tf_internals.restore_owner(restore_fn):
+    if isinstance(owner, Table):
+      return owner
+  return None

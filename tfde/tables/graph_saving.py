@@ -37,8 +37,8 @@ the global variables leaves them alone, and initialized by
 import contextlib
 
 import tensorflow as tf
-from tensorflow.python.training.saving import saveable_object
 
+from tfde import tf_internals
 from tfde.comm.base import in_tf1_graph
 
 PREFIX = "tfde_tables/"
@@ -46,7 +46,7 @@ COLLECTION = "tfde_table_variables"
 RANK_LOCAL = "tfde_rank_local_variables"
 
 
-class WholeTableSaveable(saveable_object.SaveableObject):
+class WholeTableSaveable(tf_internals.SaveableObject):
   """A table's whole state as one SaveableObject (one spec per key)."""
 
   def __init__(self, table, initialize_rest=False):
@@ -62,7 +62,7 @@ class WholeTableSaveable(saveable_object.SaveableObject):
     # 1]); a dynamic table's row count is known only when it runs.
     self._shapes = {k: v.shape.merge_with([None, table.state_width(k)])
                     if v.shape.rank == 2 else v.shape for k, v in state.items()}
-    specs = [saveable_object.SaveSpec(v, "", name + k) for k, v in state.items()]
+    specs = [tf_internals.SaveSpec(v, "", name + k) for k, v in state.items()]
     super().__init__(table, specs, marker.name)
 
   def restore(self, restored_tensors, restored_shapes):

@@ -32,28 +32,19 @@ def check_tables_in_checkpoint(path, tables, table_keys):
       raise ValueError(f"checkpoint {path}: {e}; nothing was restored") from None
 
 
-def check_during_traversal(table, frame):
-  """Called from a table's `_trackable_children`: when `frame` is that of
-  TensorFlow's restore walking the object graph (`tf.train.Checkpoint.read`
-  or `restore`, `_queue_children_for_restoration`, TF 2.18 to 2.21), checks
+def check_during_traversal(table, walk):
+  """Called from a table's `_trackable_children`: when `walk` (from
+  `tf_internals.checkpoint_traversed_by_caller`: the checkpoint's path and
+  the shapes of the table's state in it) says TensorFlow's restore is walking the object
+  graph (`tf.train.Checkpoint.read` or `restore`, TF 2.18 to 2.21), checks
   the table against the checkpoint's shapes there. The walk visits every
   object before the restore assigns any, so a table that does not fit
   stops it with the dense variables unchanged too
   (tests/unit/test_delta_manifest.py fails should a release move this)."""
-  if frame is None or frame.f_code.co_name != "_queue_children_for_restoration":
+  if walk is None:
     return
-  position = frame.f_locals.get("checkpoint_position")
-  attributes = getattr(getattr(position, "object_proto", None), "attributes", None)
-  path = getattr(getattr(position, "checkpoint", None), "save_path_string", None)
-  if not attributes or not isinstance(path, str):
-    return
-  coordinator = position.checkpoint
-  shapes = getattr(coordinator, "_tfde_shapes", None)
-  if shapes is None:
-    shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-    coordinator._tfde_shapes = shapes  # pylint: disable=protected-access
-  state = {a.name: _Shaped(shapes[a.checkpoint_key]) for a in attributes
-           if a.checkpoint_key in shapes}
+  path, shapes = walk
+  state = {name: _Shaped(shape) for name, shape in shapes.items()}
   try:
     table.check_state(state)
   except ValueError as e:

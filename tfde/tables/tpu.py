@@ -43,6 +43,7 @@ import collections
 import tensorflow as tf
 
 from tfde import inputs
+from tfde import tf_internals
 from tfde import tpu as tpu_lib
 from tfde.ops import checks
 
@@ -170,8 +171,7 @@ def sparse_core_config(feature_configs, tpu_feature_configs, table_stacking,
     groups = list(by_key.values())
   stack_of = {name: name for name in names}
   if any(len(g) > 1 for g in groups):
-    from tensorflow.python.tpu import _pywrap_sparse_core_layout  # pylint: disable=g-import-not-at-top
-    stacker = _pywrap_sparse_core_layout.SparseCoreLayoutStacker(
+    stacker = tf_internals.sparse_core_layout_stacker(
         num_partitions=num_partitions, sparse_cores_per_partition=cores_per_partition,
         disable_table_stacking=False)
     for index, group in enumerate(groups):
