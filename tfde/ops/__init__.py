@@ -314,6 +314,7 @@ def advise_huge_pages(variables, collapse=True):
 
 BagGradients = types.BagGradients
 int32_range = types.int32_range
+segment_ids = types.segment_ids
 one_read_from = types.one_read_from
 zero_from = types.zero_from
 
