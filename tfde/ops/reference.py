@@ -180,19 +180,27 @@ def _ragged_checks(inverse, row_splits, weights, num_rows):
 
 def combine_coefficients(row_splits, weights, n, combiner):
   """Per id: its sample and w_i / divisor(sample), as the kernel computes."""
-  check_combiner(combiner)
-  batch = tf.size(row_splits) - 1
   segment_ids = segment_ids_of(row_splits, tf.int32)
+  return segment_ids, bag_coefficients(row_splits, weights, n, combiner, segment_ids)
+
+
+def bag_coefficients(row_splits, weights, n, combiner, segment_ids=None):
+  """Per id: w_i / divisor(its sample), as the kernel computes (the
+  samples' `segment_ids` are made here when None and needed)."""
+  check_combiner(combiner)
   w = _weights_or_ones(weights, n)
   if combiner == "sum":
-    return segment_ids, w
+    return w
+  batch = tf.size(row_splits) - 1
+  if segment_ids is None:
+    segment_ids = segment_ids_of(row_splits, tf.int32)
   # In double, as the kernel: squares of large weights overflow float32.
   w64 = tf.cast(w, tf.float64)
   if combiner == "mean":
     divisor = tf.math.unsorted_segment_sum(w64, segment_ids, batch)
   else:
     divisor = tf.sqrt(tf.math.unsorted_segment_sum(w64 * w64, segment_ids, batch))
-  return segment_ids, tf.cast(
+  return tf.cast(
       w64 * tf.math.divide_no_nan(tf.constant(1.0, tf.float64),
                                   tf.gather(divisor, segment_ids)), tf.float32)
 
