@@ -39,7 +39,7 @@ def _start(zygote, mode, directory):
   for i, (command, env) in enumerate(zip(commands, envs)):
     assert command[1] == "-m", command
     output = os.path.join(os.path.dirname(directory), f"{os.path.basename(directory)}_{i}.log")
-    children.append((zygote.start(command[2], command[3:], env, output).pid, output))
+    children.append((zygote.start(command[2], command[3:], env, output), output))
   return children
 
 
@@ -118,13 +118,13 @@ def test_a_killed_writer_leaves_a_complete_latest_checkpoint(tmp_path, mode):
   # The writers fork from one process that imported TensorFlow and tfde
   # (tests/support/zygote.py): a trial then starts in a fraction of the
   # imports' seconds.
-  zygote = zygote_lib.shared()
-  for trial in range(TRIALS):
-    directory = str(tmp_path / f"trial_{trial}")
-    # 1 to 3.5 periods after the first save: during and after the third
-    # and fourth (all ten kills before the third is done: 0.4^10).
-    periods.append(_kill_during_saves(zygote, mode, directory,
-                                      float(rng.uniform(1.0, 3.5))))
-    seen.append(_restored_value(directory))
+  with zygote_lib.Zygote() as zygote:
+    for trial in range(TRIALS):
+      directory = str(tmp_path / f"trial_{trial}")
+      # 1 to 3.5 periods after the first save: during and after the third
+      # and fourth (all ten kills before the third is done: 0.4^10).
+      periods.append(_kill_during_saves(zygote, mode, directory,
+                                        float(rng.uniform(1.0, 3.5))))
+      seen.append(_restored_value(directory))
   # The kills fell at different points of the save loop.
   assert len(set(seen)) > 1, (seen, periods)

@@ -314,7 +314,6 @@ def advise_huge_pages(variables, collapse=True):
 
 BagGradients = types.BagGradients
 int32_range = types.int32_range
-segment_ids = types.segment_ids
 one_read_from = types.one_read_from
 zero_from = types.zero_from
 
@@ -326,10 +325,10 @@ def bag_gradients_dense(grads):
   return grads.dense(sum_rows_by_index)
 
 
-def bag_coefficients(row_splits, weights, n, combiner):
-  """Each id's coefficient, its weight over the combiner's divisor, for
-  folding a combiner into per-id weights of a "sum"."""
-  return reference.bag_coefficients(row_splits, weights, n, combiner)
+def combine_coefficients(row_splits, weights, n, combiner):
+  """(segment of each id, its coefficient: its weight over the combiner's
+  divisor), for folding a combiner into per-id weights of a "sum"."""
+  return reference.combine_coefficients(row_splits, weights, n, combiner)
 
 
 def unique_rows(rows, num_rows, device=None):

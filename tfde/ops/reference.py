@@ -39,7 +39,6 @@ from tfde.ops.sample_keys_twin import sample_keys  # noqa: F401 (twins of their 
 from tfde.ops.sample_keys_twin import split_sample_keys  # noqa: F401
 from tfde.ops.types import BagGradients  # noqa: F401 (sparse_apply takes one)
 from tfde.ops.types import int32_range
-from tfde.ops.types import segment_ids as segment_ids_of
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -54,12 +53,9 @@ def _weights_or_ones(weights, n):
   if weights is None:
     return tf.ones([n], tf.float32)
   weights = tf.cast(weights, tf.float32)
-  # An empty weights tensor means "no weights", as for the kernel: n ones
-  # follow it then, none otherwise (no tf.cond, whose two branch graphs
-  # cost a traced step more than the rest of this op).
-  ones = tf.where(tf.equal(tf.size(weights, out_type=tf.int64), 0), tf.cast(n, tf.int64),
-                  tf.constant(0, tf.int64))
-  return tf.concat([weights, tf.ones(ones[None], tf.float32)], 0)
+  # An empty weights tensor means "no weights", as for the kernel.
+  return tf.cond(tf.equal(tf.size(weights), 0), lambda: tf.ones([n], tf.float32),
+                 lambda: weights)
 
 
 # Index inputs stay int32 or int64 as given (stock ops take either); no
@@ -180,27 +176,19 @@ def _ragged_checks(inverse, row_splits, weights, num_rows):
 
 def combine_coefficients(row_splits, weights, n, combiner):
   """Per id: its sample and w_i / divisor(sample), as the kernel computes."""
-  segment_ids = segment_ids_of(row_splits, tf.int32)
-  return segment_ids, bag_coefficients(row_splits, weights, n, combiner, segment_ids)
-
-
-def bag_coefficients(row_splits, weights, n, combiner, segment_ids=None):
-  """Per id: w_i / divisor(its sample), as the kernel computes (the
-  samples' `segment_ids` are made here when None and needed)."""
   check_combiner(combiner)
+  batch = tf.size(row_splits) - 1
+  segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits, out_type=tf.int32)
   w = _weights_or_ones(weights, n)
   if combiner == "sum":
-    return w
-  batch = tf.size(row_splits) - 1
-  if segment_ids is None:
-    segment_ids = segment_ids_of(row_splits, tf.int32)
+    return segment_ids, w
   # In double, as the kernel: squares of large weights overflow float32.
   w64 = tf.cast(w, tf.float64)
   if combiner == "mean":
     divisor = tf.math.unsorted_segment_sum(w64, segment_ids, batch)
   else:
     divisor = tf.sqrt(tf.math.unsorted_segment_sum(w64 * w64, segment_ids, batch))
-  return tf.cast(
+  return segment_ids, tf.cast(
       w64 * tf.math.divide_no_nan(tf.constant(1.0, tf.float64),
                                   tf.gather(divisor, segment_ids)), tf.float32)
 

@@ -21,7 +21,6 @@ from tfde.ops.reference import table_of_fused_rows
 from tfde.ops.reference import uniform01
 from tfde.ops.types import BagGradients
 from tfde.ops.types import int32_range
-from tfde.ops.types import segment_ids as segment_ids_of
 
 
 def combine_weights_grad(grad, id_rows, row_splits, weights, output, combiner="sum"):
@@ -36,7 +35,7 @@ def combine_weights_grad(grad, id_rows, row_splits, weights, output, combiner="s
   check_combiner(combiner)
   grad = tf.cast(grad, tf.float32)
   batch = tf.size(row_splits) - 1
-  segment_ids = segment_ids_of(row_splits, tf.int32)
+  segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits, out_type=tf.int32)
   dots = tf.reduce_sum(tf.gather(grad, segment_ids) * tf.cast(id_rows, tf.float32), 1)
   if combiner == "sum":
     return dots

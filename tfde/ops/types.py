@@ -47,26 +47,6 @@ def int32_range(size):
   return tf.cast(tf.range(size), tf.int32)
 
 
-def segment_ids(row_splits, out_type=tf.int64):
-  """The sample of each id of a ragged batch: i for every id in
-  [row_splits[i], row_splits[i + 1]), as `tf.ragged.row_splits_to_segment_ids`.
-
-  A binary search of each id's position in the splits: TensorFlow's
-  builds about 70 ops into a graph per call (a tenth of the ops of a
-  traced 4-replica step of tests/support/sharded_harness.py were those)
-  and runs slower (about a second for 200,000 rows).
-
-  >>> import tensorflow as tf
-  >>> segment_ids(tf.constant([0, 2, 2, 3], tf.int64)).numpy().tolist()
-  [0, 0, 2]
-  >>> segment_ids(tf.constant([0], tf.int32), tf.int32).numpy().tolist()
-  []
-  """
-  row_splits = tf.convert_to_tensor(row_splits)
-  positions = tf.range(row_splits[-1], dtype=row_splits.dtype)
-  return tf.searchsorted(row_splits[1:], positions, side="right", out_type=out_type)
-
-
 @dataclasses.dataclass(frozen=True)
 class BagGradients:
   """Row gradients kept as the ids that read each row, so a lookup's
