@@ -36,7 +36,7 @@ from tensorflow.python.util import nest as _nest
 # --- Variables and the tape ---------------------------------------------
 
 
-def local_variable(initial_value, name, device, trainable=False, shape=None):
+def local_variable(initial_value, name, device=None, trainable=False, shape=None):
   """A resource variable of this process only, built outside any
   strategy's variable creator (a shard, a counter, a twin's storage must
   not become a mirrored variable; `tf.Variable` would go through the

@@ -22,6 +22,12 @@ def _commands():
   return sorted(action.choices)
 
 
+def _python(code, timeout=120):
+  """`python -c code` with this checkout on the path."""
+  return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO, timeout=timeout)
+
+
 def _run(args, env=None, timeout=120):
   env = dict(os.environ, PYTHONPATH=REPO, **(env or {}))
   env.pop("TF_CPP_MIN_LOG_LEVEL", None)   # as a user's shell has it
@@ -95,8 +101,7 @@ def test_import_tfde_loads_no_tensorflow_until_a_submodule_is_used():
           "assert {'TableConfig', 'lookup', 'layers'} <= set(dir(tfde))\n"
           "tfde.TableConfig\n"
           "assert 'tensorflow' in sys.modules and 'tfde.config' in sys.modules\n")
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO, timeout=120)
+  result = _python(code)
   assert result.returncode == 0, result.stderr[-2000:]
 
 
@@ -108,8 +113,7 @@ def test_the_old_module_warns_and_forwards():
           "from tfde.app import command\n"
           "assert tfde_cli.main is command.main\n"
           "assert [w.category for w in caught] == [DeprecationWarning], caught\n")
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO, timeout=60)
+  result = _python(code)
   assert result.returncode == 0, result.stderr[-2000:]
   old = subprocess.run([sys.executable, "-m", "tfde_cli", "--help"], capture_output=True,
                        text=True, env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO, timeout=60)

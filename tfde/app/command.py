@@ -61,17 +61,10 @@ def build_parser():
       description="Train a DLRM-style ranking model from a YAML config on N "
       "replicas, evaluate it, and write a report (metrics.json, summary.md, "
       "plots, TensorBoard logs, a checkpoint).")
-  train.add_argument("--config", required=True, metavar="YAML",
-                     help="the job config (see configs/demo.yaml)")
-  train.add_argument("--data", metavar="RATINGS_CSV",
-                     help="train on a MovieLens ratings.csv instead of generated data")
-  train.add_argument("--report-dir", metavar="DIR",
-                     help="where to write the report (default: the config's report_dir)")
+  _add_job_arguments(train, "train", "report")
   train.add_argument("--projector", metavar="TABLE", action="append", default=[],
                      help="also write TABLE's rows for TensorBoard's embedding "
                      "projector (repeatable)")
-  train.add_argument("--verbose", action="store_true",
-                     help="show TensorFlow's start-up and runtime log lines")
   train.add_argument("--delta-every", metavar="N", type=int, default=0,
                      help="every N steps write a delta checkpoint (report_dir/"
                      "delta_checkpoints) and a delta serving export (report_dir/"
@@ -93,8 +86,7 @@ def build_parser():
                        help="also list the K most frequent ids (tables that keep counts)")
   inspect.add_argument("--plot", metavar="DIR",
                        help="write row-norm and id-frequency plots (PNG) to DIR")
-  inspect.add_argument("--verbose", action="store_true",
-                       help="show TensorFlow's start-up and runtime log lines")
+  _add_verbose(inspect)
 
   plan = sub.add_parser(
       "plan", formatter_class=formatter, epilog=PLAN_EXAMPLES,
@@ -102,20 +94,30 @@ def build_parser():
       description="Plan the sharding of a job config's tables on a batch of "
       "its data (tfde.planner): per table its kind, owners and bytes, per "
       "replica the totals; writes plan.txt, plan.json and plan.png.")
-  plan.add_argument("--config", required=True, metavar="YAML",
-                    help="the job config (see configs/demo.yaml)")
+  _add_job_arguments(plan, "plan", "plan")
   plan.add_argument("--replicas", type=int, metavar="N",
                     help="replicas to plan for (default: the config's)")
   plan.add_argument("--memory-per-replica", metavar="BYTES",
                     help="bytes for rows and optimizer slots per replica, "
                     "e.g. 64MiB (default: unlimited)")
-  plan.add_argument("--data", metavar="RATINGS_CSV",
-                    help="plan on a MovieLens ratings.csv instead of generated data")
-  plan.add_argument("--report-dir", metavar="DIR",
-                    help="where to write the plan (default: the config's report_dir)")
-  plan.add_argument("--verbose", action="store_true",
-                    help="show TensorFlow's start-up and runtime log lines")
   return parser
+
+
+def _add_job_arguments(parser, verb, written):
+  """What `train` and `plan` both take: the job's config, its data, where
+  the `written` goes, and --verbose."""
+  parser.add_argument("--config", required=True, metavar="YAML",
+                      help="the job config (see configs/demo.yaml)")
+  parser.add_argument("--data", metavar="RATINGS_CSV",
+                      help=f"{verb} on a MovieLens ratings.csv instead of generated data")
+  parser.add_argument("--report-dir", metavar="DIR",
+                      help=f"where to write the {written} (default: the config's report_dir)")
+  _add_verbose(parser)
+
+
+def _add_verbose(parser):
+  parser.add_argument("--verbose", action="store_true",
+                      help="show TensorFlow's start-up and runtime log lines")
 
 
 @contextlib.contextmanager

@@ -26,15 +26,9 @@ class ExchangePlan:
     return ExchangePlan(self.recv_counts, self.send_counts, self.max_chunk)
 
 
-def local_variable(initial_value, name, trainable=False, device=None):
-  """A plain variable that belongs to this process only.
-
-  Built directly as a ResourceVariable, which bypasses the variable
-  creator of an enclosing strategy scope: a shard or a counter must not
-  become a mirrored variable.
-  """
-  return tf_internals.local_variable(initial_value, name=name, device=device,
-                                     trainable=trainable)
+# A variable of this process only, outside any strategy's variable creator
+# (the tables' shards and counters, the bytes-sent counter).
+local_variable = tf_internals.local_variable
 
 
 def in_tf1_graph():

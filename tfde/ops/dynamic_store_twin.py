@@ -72,12 +72,6 @@ def _find(table, keys):
   return tf.reshape(table.lookup(keys), [-1])
 
 
-def _local_variable(initial_value, shape, name, device):
-  # A ResourceVariable built directly, outside any strategy's variable
-  # creator: a shard's storage must not become a mirrored variable.
-  return tf_internals.local_variable(initial_value, name=name, device=device, shape=shape)
-
-
 def _ops_of(updates):
   """The ops of variable and table updates. A graph-mode assign returns a
   lazy read whose graph element is a read, not the assign: depending on it
@@ -110,10 +104,13 @@ class DynamicStoreTwin:
           tf.int64, tf.int64, default_value=0, name=f"{name}_pending_count")
       self._pending_last = tf.lookup.experimental.MutableHashTable(
           tf.int64, tf.int64, default_value=-1, name=f"{name}_pending_last")
-      self._values = _local_variable(tf.zeros([0, s, d]), [None, s, d],
-                                     f"{name}_values", device)
+      # Outside any strategy's variable creator: a shard's storage must not
+      # become a mirrored variable.
+      self._values = tf_internals.local_variable(tf.zeros([0, s, d]), f"{name}_values",
+                                                 device, shape=[None, s, d])
       self._keys, self._counts, self._last = [
-          _local_variable(tf.zeros([0], tf.int64), [None], f"{name}_{what}", device)
+          tf_internals.local_variable(tf.zeros([0], tf.int64), f"{name}_{what}", device,
+                                      shape=[None])
           for what in ("keys", "counts", "last_seen")]
 
   def _new_rows(self, ids):
