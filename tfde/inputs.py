@@ -242,7 +242,7 @@ def combine_served_rows(rows, row_splits, weights, combiner, hotness=None):
     hotness = tf.cast(hotness, tf.int64)
     segment_ids = None
   else:
-    segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
+    segment_ids = ops.segment_ids(row_splits)
 
   def per_sample_sum(values):  # [n, ...] -> [batch, ...]
     if hotness is not None:
@@ -280,7 +280,7 @@ def _positions(inputs, row_splits):
   its rank in the row for ragged ones."""
   if isinstance(inputs, tf.SparseTensor):
     return tf.sparse.reorder(inputs).indices[:, 1]
-  segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
+  segment_ids = ops.segment_ids(row_splits)
   return (tf.range(row_splits[-1], dtype=tf.int64) -
           tf.gather(row_splits, segment_ids))
 
@@ -488,7 +488,7 @@ def unpool(inputs, ids, row_splits, max_sequence_length, where):
   with tf.control_dependencies([ids, row_splits]):
     positions = _positions(inputs, row_splits)
   keep = positions < length
-  segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
+  segment_ids = ops.segment_ids(row_splits)
   slots = tf.boolean_mask(segment_ids * length + positions, keep)
   batch = tf.size(row_splits, out_type=tf.int64) - 1
   # Ids arrive in slot order (row-major). (batch * length cannot wrap in

@@ -10,6 +10,7 @@ TFDE_REQUIRE_HOROVOD=1 (set by `make test`) turns a missing environment
 into a failure instead of a skip.
 """
 
+import functools
 import json
 import os
 import pickle
@@ -248,7 +249,11 @@ def test_multi_worker_mirrored_two_processes(tmp_path, optimizer):
         str(tmp_path / "deltas"), str(tmp_path / "end"))
 
 
+@functools.lru_cache(maxsize=None)
 def _horovod_env_ready():
+  """(whether the Horovod environment imports Horovod and tfde's kernels,
+  why not). Probed once per test process: the probe is a Python importing
+  TensorFlow (about 8 s of CPU), and every Horovod test asks."""
   python = os.path.join(HVD_VENV, "bin", "python")
   if not os.path.exists(os.path.join(HVD_VENV, "bin", "horovodrun")):
     return False, f"{HVD_VENV}/bin/horovodrun not found"

@@ -84,11 +84,14 @@ def test_every_update_of_a_step_waits_for_every_tables_check():
       *[distribute(strategy, [p[i] for p in per]) for i in range(3)]).graph
 
   def message(op):
-    """The constant parts of an Assert's message (a StringJoin of them)."""
+    """The constant parts of an Assert's message (a constant, a StringJoin
+    of them or a StringFormat's template)."""
     parts = [t.op for t in op.inputs if t.dtype == tf.string]
     parts += [t.op for p in parts if p.type == "StringJoin" for t in p.inputs]
-    return " ".join(b.decode() for p in parts if p.type == "Const"
-                    for b in p.get_attr("value").string_val)
+    return " ".join([b.decode() for p in parts if p.type == "Const"
+                     for b in p.get_attr("value").string_val] +
+                    [p.get_attr("template").decode() for p in parts
+                     if p.type == "StringFormat"])
 
   checks = {}  # table -> its checks (the step's, and the table's own guard)
   for op in graph.get_operations():

@@ -314,6 +314,7 @@ def advise_huge_pages(variables, collapse=True):
 
 BagGradients = types.BagGradients
 int32_range = types.int32_range
+segment_ids = types.segment_ids
 one_read_from = types.one_read_from
 zero_from = types.zero_from
 
@@ -327,8 +328,10 @@ def bag_gradients_dense(grads):
 
 def combine_coefficients(row_splits, weights, n, combiner):
   """(segment of each id, its coefficient: its weight over the combiner's
-  divisor), for folding a combiner into per-id weights of a "sum"."""
-  return reference.combine_coefficients(row_splits, weights, n, combiner)
+  divisor), for folding a combiner into per-id weights of a "sum"; the
+  splits checked already, where the batch came in."""
+  return reference.combine_coefficients(row_splits, weights, n, combiner,
+                                        types.segment_ids(row_splits, tf.int32))
 
 
 def unique_rows(rows, num_rows, device=None):

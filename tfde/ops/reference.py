@@ -53,9 +53,12 @@ def _weights_or_ones(weights, n):
   if weights is None:
     return tf.ones([n], tf.float32)
   weights = tf.cast(weights, tf.float32)
-  # An empty weights tensor means "no weights", as for the kernel.
-  return tf.cond(tf.equal(tf.size(weights), 0), lambda: tf.ones([n], tf.float32),
-                 lambda: weights)
+  # An empty weights tensor means "no weights", as for the kernel: n ones
+  # follow it then, none otherwise. Not a tf.cond, whose two branch
+  # functions cost a traced step more than the rest of this op.
+  ones = tf.where(tf.equal(tf.size(weights, out_type=tf.int64), 0), tf.cast(n, tf.int64),
+                  tf.constant(0, tf.int64))
+  return tf.concat([weights, tf.ones(ones[None], tf.float32)], 0)
 
 
 # Index inputs stay int32 or int64 as given (stock ops take either); no
@@ -174,11 +177,14 @@ def _ragged_checks(inverse, row_splits, weights, num_rows):
   return checks
 
 
-def combine_coefficients(row_splits, weights, n, combiner):
-  """Per id: its sample and w_i / divisor(sample), as the kernel computes."""
+def combine_coefficients(row_splits, weights, n, combiner, segment_ids=None):
+  """Per id: its sample and w_i / divisor(sample), as the kernel computes.
+  `segment_ids`: each id's sample where the caller has them (from splits
+  it checked), else TensorFlow's from `row_splits`."""
   check_combiner(combiner)
   batch = tf.size(row_splits) - 1
-  segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits, out_type=tf.int32)
+  if segment_ids is None:
+    segment_ids = tf.ragged.row_splits_to_segment_ids(row_splits, out_type=tf.int32)
   w = _weights_or_ones(weights, n)
   if combiner == "sum":
     return segment_ids, w

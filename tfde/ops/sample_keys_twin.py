@@ -22,6 +22,7 @@ from tfde.ops.checks import check_row_splits
 from tfde.ops.checks import check_scalars
 from tfde.ops.checks import first_offender
 from tfde.ops.checks import index_tensor
+from tfde.ops.types import segment_ids as segment_ids_of
 
 _INT64_MAX = 2**63 - 1
 
@@ -64,7 +65,7 @@ def keys_of_samples(ids, row_splits, first_sample, stride):
   """`sample_keys` without its checks (int64 inputs): what a GPU runs, as
   the pipeline did before the kernel, its splits checked where its batch
   came in, and no Assert's wait for the host in its step."""
-  sample = tf.ragged.row_splits_to_segment_ids(row_splits, out_type=tf.int64)
+  sample = segment_ids_of(row_splits, tf.int64)
   return (sample + first_sample) * stride + ids
 
 
