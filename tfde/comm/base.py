@@ -38,12 +38,19 @@ def in_tf1_graph():
   return not tf.compat.v1.executing_eagerly_outside_functions()
 
 
-def _row_bytes(data):
-  """The bytes of one row of `data`: a constant where its shape says it
-  (ops to count them were a tenth of a traced sharded step's)."""
+def static_row_bytes(data):
+  """The bytes of one row of `data` where its shape says them, else None."""
   row_elements = data.shape[1:].num_elements()
-  if row_elements is not None:
-    return tf.constant(row_elements * data.dtype.size, tf.int64)
+  return None if row_elements is None else row_elements * data.dtype.size
+
+
+def bytes_of_a_row(data):
+  """The bytes of one row of `data`, an int64 scalar: a constant where its
+  shape says it (ops to count them were a tenth of a traced sharded
+  step's)."""
+  static = static_row_bytes(data)
+  if static is not None:
+    return tf.constant(static, tf.int64)
   return tf.reduce_prod(tf.shape(data, out_type=tf.int64)[1:]) * data.dtype.size
 
 
@@ -212,4 +219,4 @@ class Communicator(abc.ABC):
       remote_rows = tf.reduce_sum(counts * tf.constant(others, tf.int64))
     else:
       remote_rows = tf.reduce_sum(counts) - counts[own_replica]
-    return counter.assign_add(remote_rows * _row_bytes(data))
+    return counter.assign_add(remote_rows * bytes_of_a_row(data))

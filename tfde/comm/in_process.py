@@ -6,6 +6,8 @@ import tensorflow as tf
 
 from tfde import tf_internals
 from tfde.comm.base import Communicator
+from tfde.comm.base import bytes_of_a_row
+from tfde.comm.base import static_row_bytes
 
 
 class LocalCommunicator(Communicator):
@@ -108,10 +110,12 @@ class MirroredCommunicator(Communicator):
 
     def exchange_counts(strategy, payload):
       matrix = tf.stack(strategy.experimental_local_results(payload))
+      # Column j to replica j: one Unpack, not N slices of four ops each.
+      columns = tf.unstack(matrix, n, axis=1)
       received = []
       for j in range(n):
         with tf.device(self._devices[j]):
-          received.append(tf.identity(matrix[:, j]))
+          received.append(tf.identity(columns[j]))
       return tf_internals.per_replica(received)
 
     return self._merge(exchange_counts, payload), None
@@ -149,8 +153,9 @@ class MirroredCommunicator(Communicator):
     def gather(strategy, data):
       datas = strategy.experimental_local_results(data)
       # Counted as the tiled all_to_all's: each replica's data to N - 1 others.
+      sizes = tf.stack([tf.shape(d, out_type=tf.int64)[0] for d in datas])
       return self._delivered(lambda j: tf.concat(datas, 0), datas,
-                             [tf.fill([n], tf.shape(d)[0]) for d in datas])
+                             tf.tile(sizes[:, None], [1, n]))
 
     return self._merge(gather, data)
 
@@ -161,6 +166,24 @@ class MirroredCommunicator(Communicator):
     for j in range(self.num_replicas):
       with tf.device(self._devices[j]):
         received.append(receive(j))
-    counted = [self._count_bytes(d, c, i) for i, (d, c) in enumerate(zip(datas, all_counts))]
-    with tf.control_dependencies(counted):
+    with tf.control_dependencies([self._count_bytes_of_all(datas, all_counts)]):
       return tf_internals.per_replica([tf.identity(r) for r in received])
+
+  def _count_bytes_of_all(self, datas, all_counts):
+    """Adds what every replica i sends the others (`all_counts[i][j]` rows
+    of `datas[i]` to replica j) to the bytes sent, in one update: per
+    replica, as `_count_bytes` does it, took a tenth of a traced
+    4-replica step's ops."""
+    counter = self._bytes_counter()
+    if counter is None:
+      return tf.no_op()
+    n = self.num_replicas
+    counts = tf.cast(all_counts if isinstance(all_counts, tf.Tensor) else tf.stack(all_counts),
+                     tf.int64)  # [sender, receiver]
+    to_others = tf.constant([[0 if i == j else 1 for j in range(n)] for i in range(n)],
+                            tf.int64)
+    rows = tf.reduce_sum(counts * to_others, 1)
+    static = [static_row_bytes(d) for d in datas]
+    row_bytes = (tf.constant(static, tf.int64) if None not in static else
+                 tf.stack([bytes_of_a_row(d) for d in datas]))
+    return counter.assign_add(tf.reduce_sum(rows * row_bytes))
