@@ -27,6 +27,7 @@ import tfde
 from tests.support import dynamic_harness
 from tests.support import oracles
 from tests.support import sharded_harness as h
+from tests.support import zygote
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HVD_VENV = os.environ.get("TFDE_HOROVOD_VENV", os.path.join(REPO, ".venv-hvd"))
@@ -78,12 +79,31 @@ def horovod_env():
   return env
 
 
+def _launch(commands, envs, cwd):
+  """Starts processes, each in a process group of its own: this Python's
+  `-m` workers forked from the fork server (tests/support/zygote.py, the
+  imports paid once), anything else (horovodrun) afresh."""
+  server = zygote.shared()
+  return [server.popen(cmd, env, cwd) for cmd, env in zip(commands, envs)]
+
+
+def horovodrun_command(ranks, module_args, env=None):
+  """(command, environment) of a `horovodrun` job of `ranks` ranks (Gloo,
+  this host) running `python -m MODULE_ARGS` in the Horovod environment
+  (`env`, `horovod_env()` by default): each rank forked by a fork server
+  of that environment (tests/support/zygote.py), which horovodrun
+  launches, signals and waits for as it would the rank itself."""
+  env = dict(env or horovod_env())
+  python = os.path.join(HVD_VENV, "bin", "python")
+  env[zygote.SOCKET_VARIABLE] = zygote.shared(python, horovod_env(), horovod=True).socket_path
+  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(ranks),
+             "--gloo", "-H", f"localhost:{ranks}", python, "-m", "tests.support.zygote"]
+  return command + list(module_args), env
+
+
 def _run_group(commands, envs, cwd):
-  """Starts processes in their own session; kills them all on timeout."""
-  procs = [subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-           for cmd, env in zip(commands, envs)]
+  """Starts processes (`_launch`); kills them all on timeout."""
+  procs = _launch(commands, envs, cwd)
   outputs = []
   try:
     for p in procs:
@@ -277,10 +297,7 @@ def _horovodrun(tmp_path, module_args, ranks=NUM_WORKERS):
     if os.environ.get("TFDE_REQUIRE_HOROVOD") == "1":
       pytest.fail(f"Horovod environment missing: {why}")
     pytest.skip(f"Horovod environment missing (make hvd-env): {why}")
-  env = horovod_env()
-  command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(ranks),
-             "--gloo", "-H", f"localhost:{ranks}",
-             os.path.join(HVD_VENV, "bin", "python"), "-m"] + list(module_args)
+  command, env = horovodrun_command(ranks, module_args)
   procs, outputs = _run_group([command], [env], cwd=str(tmp_path))
   assert procs[0].returncode == 0, outputs[0][-3000:]
 

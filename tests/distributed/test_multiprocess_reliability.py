@@ -9,7 +9,6 @@ import json
 import os
 import pickle
 import signal
-import subprocess
 import sys
 import time
 
@@ -138,12 +137,6 @@ def _read_int(path):
     return None
 
 
-def _launch(commands, envs, cwd):
-  return [subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
-          for cmd, env in zip(commands, envs)]
-
-
 def _fail_a_peer(out_dir, workers, procs, signal_name, victim):
   """Waits until every worker has done 2 steps, sends `signal_name` to
   worker `victim`, and returns the seconds until every process in `procs`
@@ -208,7 +201,7 @@ def test_killed_peer_fails_every_survivor_and_a_restart_resumes(tmp_path):
   checkpoints = str(tmp_path / "ckpt")
   extra = ["--batches", path, "--pace", "0.3", "--checkpoint-dir", checkpoints]
   commands, envs = _mwms_group(tmp_path, 2, extra)
-  procs = _launch(commands, envs, mp.REPO)
+  procs = mp._launch(commands, envs, mp.REPO)  # pylint: disable=protected-access
   seconds, outputs = _fail_a_peer(str(tmp_path), 2, procs, "SIGKILL", victim=1)
   _check_survivors(procs[:1], outputs[:1], seconds, "SIGKILL")
 
@@ -248,7 +241,7 @@ def test_failed_peer_ends_a_multi_worker_mirrored_job(tmp_path, workers, signal_
   or stopped: every other exits non-zero within the bound, no hang."""
   path, _ = _peer_batches(tmp_path, workers)
   commands, envs = _mwms_group(tmp_path, workers, ["--batches", path, "--pace", "0.3"])
-  procs = _launch(commands, envs, mp.REPO)
+  procs = mp._launch(commands, envs, mp.REPO)  # pylint: disable=protected-access
   victim = workers - 1
   survivors = [p for r, p in enumerate(procs) if r != victim]
   seconds, outputs = _fail_a_peer(str(tmp_path), workers, survivors, signal_name,
@@ -268,12 +261,11 @@ def _horovod_launch(tmp_path, ranks, path, extra=("--pace", "0.3")):
     pytest.skip(f"Horovod environment missing (make hvd-env): {why}")
   # Gloo's timeout bounds how long ranks wait for a stalled peer (30 s by
   # default); shorter here to keep the test short.
-  env = dict(mp.horovod_env(), HOROVOD_GLOO_TIMEOUT_SECONDS=str(HOROVOD_GLOO_TIMEOUT_S))
-  command = [os.path.join(mp.HVD_VENV, "bin", "horovodrun"), "-np", str(ranks),
-             "--gloo", "-H", f"localhost:{ranks}",
-             os.path.join(mp.HVD_VENV, "bin", "python"), "-m", "tests.workers.peer_worker",
-             "--mode", "horovod", "--batches", path, "--out", str(tmp_path)] + list(extra)
-  return _launch([command], [env], str(tmp_path))
+  command, env = mp.horovodrun_command(
+      ranks, ["tests.workers.peer_worker", "--mode", "horovod", "--batches", path,
+              "--out", str(tmp_path)] + list(extra),
+      dict(mp.horovod_env(), HOROVOD_GLOO_TIMEOUT_SECONDS=str(HOROVOD_GLOO_TIMEOUT_S)))
+  return mp._launch([command], [env], str(tmp_path))  # pylint: disable=protected-access
 
 
 @pytest.mark.timeout(2 * mp.TIMEOUT_S)

@@ -1,100 +1,345 @@
 """A fork server: one Python that has imported TensorFlow and tfde, forking
-a fresh process per request, so that a test starting many short-lived
-workers (the crash-safe saves kill one per trial) pays for the imports once.
+a fresh process per request, so that tests starting many short-lived
+workers (every multi-worker test starts two or four; the crash-safe saves
+kill one per trial) pay for the imports (about 7 s of CPU on a CI-like
+host) once.
 
 The server forks before TensorFlow makes its context or any thread (its
 import alone makes none), so each child starts as a fresh process would,
-with its own environment (TF_CONFIG) set before TensorFlow reads it.
+with its own environment (TF_CONFIG, Horovod's rank) and working directory
+set before TensorFlow reads them. Requests come over a Unix socket with
+the requester's stdout and stderr, which the child writes to directly.
+Per request a small watcher forks the child, reports its pid and then its
+exit status (the code, or minus the signal that ended it, as `subprocess`
+reports them), and kills the child's process group when the requester
+goes away first, so no child outlives its requester.
 
-  with Zygote() as zygote:
-    child = zygote.start("tests.workers.save_worker", ["--mode", "local", ...],
-                         env={...}, output=path)   # in its own process group
-    os.killpg(child, signal.SIGKILL)
+Two requesters:
+
+* the test process, through `popen`, which reads like `subprocess.Popen`
+  (`pid`, also the child's process group; `returncode`, `poll`, `wait`,
+  `communicate`), and starts afresh what the server cannot fork as asked
+  (another Python, an environment that changes what `import tfde` reads);
+
+      child = shared().popen([sys.executable, "-m", "tests.workers.save_worker",
+                              "--mode", "local"], env=env, cwd=REPO)
+      output, _ = child.communicate(timeout=60)   # stdout and stderr together
+
+* a launcher's command (`horovodrun ... python -m tests.support.zygote
+  MODULE ARGS`), where this module's `__main__` stands in for the rank:
+  it asks the server named by $TFDE_ZYGOTE_SOCKET to fork MODULE with its
+  own environment, passes signals on, and ends as the child ended.
 """
 
+import atexit
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SOCKET_VARIABLE = "TFDE_ZYGOTE_SOCKET"
+
+# What TensorFlow or tfde read while they are imported: a child whose
+# environment differs here from the server's starts afresh instead.
+IMPORT_TIME_VARIABLES = ("PYTHONPATH", "TFDE_OPS_LIBRARY", "TF_ENABLE_ONEDNN_OPTS",
+                         "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD")
 
 _SERVER = r"""
-import json, os, runpy, signal, sys
+import json, os, runpy, select, signal, socket, sys
 import tensorflow  # noqa: F401  (the imports every child shares)
-import tfde  # noqa: F401
-signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+import tfde.lookup  # noqa: F401  (`import tfde` alone loads nothing yet)
+if os.environ.get("TFDE_ZYGOTE_HOROVOD") == "1":
+  import horovod.tensorflow  # noqa: F401
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # watchers are reaped by the kernel
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(sys.argv[1])
+listener.listen(64)
 print("ready", flush=True)
-for line in sys.stdin:
-  request = json.loads(line)
-  # Made before the fork, so that it exists when the caller reads the pid.
-  out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-  pid = os.fork()
-  if pid == 0:
-    os.setpgid(0, 0)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    sys.argv = [request["module"]] + request["args"]
-    try:
-      runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-      code = 0
-    except SystemExit as e:
-      code = e.code if isinstance(e.code, int) else 1
-    except BaseException:  # the child's own traceback, then its exit
-      import traceback
-      traceback.print_exc()
-      code = 1
-    sys.stdout.flush()
-    os._exit(code)
-  # The child's own process group, from this side too: a caller killing
-  # the group at once finds it, whichever of the two runs first.
+
+
+def run_child(request, fds):
+  os.setpgid(0, 0)
+  null = os.open(os.devnull, os.O_RDONLY)
+  os.dup2(null, 0)
+  os.dup2(fds[0], 1)
+  os.dup2(fds[1], 2)
+  os.environ.clear()
+  os.environ.update(request["env"])
+  os.chdir(request["cwd"])
+  sys.argv = [request["module"]] + request["args"]
   try:
-    os.setpgid(pid, pid)
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    code = 0
+  except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+  except BaseException:  # the child's own traceback, then its exit
+    import traceback
+    traceback.print_exc()
+    code = 1
+  # Out through the server's frames to an interpreter's own ending (its
+  # atexit hooks, TensorFlow's shutdown), not os._exit: a worker gone at
+  # once after its last collective can leave a peer's last read of it
+  # unanswered ("Socket closed").
+  sys.exit(code)
+
+
+def watch(connection):
+  message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 2)
+  while not message.endswith(b"\n"):
+    part = connection.recv(1 << 16)
+    if not part:
+      os._exit(1)
+    message += part
+  request = json.loads(message)
+  child = os.fork()
+  if child == 0:
+    connection.close()
+    run_child(request, fds)
+  # The child's own process group, from this side too: a requester
+  # killing the group at once finds it, whichever of the two runs first.
+  try:
+    os.setpgid(child, child)
   except OSError:  # it has exited already
     pass
-  os.close(out)
-  print(pid, flush=True)
+  for fd in fds:
+    os.close(fd)
+  connection.sendall(f"{child}\n".encode())
+  while True:
+    done, status = os.waitpid(child, os.WNOHANG)
+    if done:
+      code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+      try:
+        connection.sendall(f"{code}\n".encode())
+      except OSError:
+        pass
+      os._exit(0)
+    readable, _, _ = select.select([connection], [], [], 0.02)
+    if readable and not connection.recv(64):
+      # The requester is gone: so is its child, as a child of its own.
+      try:
+        os.killpg(child, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+
+
+while True:
+  connection, _ = listener.accept()
+  if os.fork() == 0:
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    listener.close()
+    watch(connection)
+  connection.close()
 """
+
+
+def _request(path, module, args, env, cwd, stdout, stderr):
+  """Asks the server at `path` for a child; (its pid, the connection its
+  exit status will come on)."""
+  connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  connection.connect(path)
+  message = json.dumps({"module": module, "args": list(args), "env": dict(env),
+                        "cwd": str(cwd)}).encode() + b"\n"
+  socket.send_fds(connection, [message], [stdout, stderr])
+  return int(_read_line(connection)), connection
+
+
+def _read_line(connection):
+  line = b""
+  while not line.endswith(b"\n"):
+    part = connection.recv(64)
+    if not part:
+      raise ConnectionError("the fork server closed the connection")
+    line += part
+  return line.decode().strip()
+
+
+class ForkedProcess:
+  """A child of the fork server, read as a `subprocess.Popen` with stdout
+  (and stderr) piped as text."""
+
+  def __init__(self, pid, connection, output):
+    self.pid = pid
+    self.returncode = None
+    self._connection = connection
+    self._output = output
+
+  def poll(self):
+    if self.returncode is None:
+      self._connection.setblocking(False)
+      try:
+        self.returncode = int(_read_line(self._connection))
+      except BlockingIOError:
+        pass
+      finally:
+        self._connection.setblocking(True)
+    return self.returncode
+
+  def wait(self, timeout=None):
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while self.poll() is None:
+      if deadline is not None and time.monotonic() > deadline:
+        raise subprocess.TimeoutExpired(f"forked pid {self.pid}", timeout)
+      time.sleep(0.02)
+    return self.returncode
+
+  def communicate(self, timeout=None):
+    self.wait(timeout)
+    self.close()
+    with open(self._output, errors="replace") as f:
+      return f.read(), None
+
+  def kill(self):
+    try:
+      os.killpg(self.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+
+  def close(self):
+    """Closes the connection to its watcher: a child still running is
+    killed then."""
+    self._connection.close()
 
 
 class Zygote:
-  """The fork server, as a context manager (its exit ends the server)."""
+  """The fork server, as a context manager (its exit ends the server).
 
-  def __init__(self):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
-    self._server = subprocess.Popen([sys.executable, "-c", _SERVER], env=env, cwd=REPO,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  `python`: the interpreter it runs in (this one by default); `horovod`:
+  it imports Horovod's TensorFlow module too (for Horovod's ranks)."""
+
+  def __init__(self, python=sys.executable, env=None, horovod=False):
+    self.python = python
+    self.env = dict(env or os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    if horovod:
+      self.env["TFDE_ZYGOTE_HOROVOD"] = "1"
+    self._files = tempfile.mkdtemp(prefix="tfde-zygote-")
+    self.socket_path = os.path.join(self._files, "socket")
+    self._server = subprocess.Popen([python, "-c", _SERVER, self.socket_path], env=self.env,
+                                    cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    text=True, start_new_session=True)
+    self._lock = threading.Lock()
+    self._count = 0
     ready = self._server.stdout.readline().strip()
     if ready != "ready":
       self.close()
       raise RuntimeError(f"the fork server did not start: {ready!r}")
 
-  def start(self, module, args, env, output):
-    """Forks a child running `python -m module args` with environment `env`,
-    writing its stdout and stderr to `output` (made before this returns);
-    returns its pid, which is also its process group."""
-    request = {"module": module, "args": list(args), "env": dict(env), "output": output}
-    self._server.stdin.write(json.dumps(request) + "\n")
-    self._server.stdin.flush()
-    return int(self._server.stdout.readline())
+  def serves(self, command, env):
+    """Whether the server can fork `command` (`python -m MODULE ...` of
+    its Python) as a fresh process with `env` would start."""
+    return (len(command) >= 3 and command[0] == self.python and command[1] == "-m" and
+            all(env.get(k) == self.env.get(k) for k in IMPORT_TIME_VARIABLES))
+
+  def start(self, module, args, env, output=None, cwd=REPO, error_output=None):
+    """Forks a child running `python -m module args` with environment `env`
+    in `cwd`, writing its stdout and stderr to `output` (a file of the
+    server's when None), made before this returns, its stderr to
+    `error_output` instead where given; a `ForkedProcess`."""
+    with self._lock:
+      self._count += 1
+      output = output or os.path.join(self._files, f"{self._count}.out")
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    error_fd = fd if error_output is None else os.open(
+        error_output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+      pid, connection = _request(self.socket_path, module, args, env, cwd, fd, error_fd)
+    finally:
+      os.close(fd)
+      if error_fd != fd:
+        os.close(error_fd)
+    return ForkedProcess(pid, connection, output)
+
+  def run(self, command, env, cwd=REPO, timeout=None):
+    """`subprocess.run(command, env=env, cwd=cwd, capture_output=True,
+    text=True, timeout=timeout)`, forked here where `serves` says so: a
+    `subprocess.CompletedProcess` with stdout and stderr apart."""
+    if not self.serves(command, env):
+      return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
+                            timeout=timeout)
+    with self._lock:
+      self._count += 1
+      stem = os.path.join(self._files, str(self._count))
+    child = self.start(command[2], command[3:], env, stem + ".out", cwd, stem + ".err")
+    try:
+      child.wait(timeout)
+    except subprocess.TimeoutExpired:
+      child.kill()
+      child.wait()
+      raise
+    finally:
+      child.close()
+    with open(stem + ".out", errors="replace") as out, open(stem + ".err", errors="replace") as err:
+      stdout, stderr = out.read(), err.read()
+    os.remove(stem + ".out")
+    os.remove(stem + ".err")
+    return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
+
+  def popen(self, command, env, cwd=REPO):
+    """`command` started with `env` in `cwd`, stdout and stderr together:
+    forked here where `serves` says so, else a `subprocess.Popen` (text,
+    in a session of its own)."""
+    if not self.serves(command, env):
+      return subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return self.start(command[2], command[3:], env, cwd=cwd)
 
   def close(self):
     if self._server.poll() is None:
-      self._server.stdin.close()
-      try:
-        self._server.wait(timeout=30)
-      except subprocess.TimeoutExpired:
-        self._server.send_signal(signal.SIGKILL)
-        self._server.wait()
+      self._server.kill()
+      self._server.wait()
+    shutil.rmtree(self._files, ignore_errors=True)
 
   def __enter__(self):
     return self
 
   def __exit__(self, *exc):
     self.close()
+
+
+_shared = {}
+
+
+def shared(python=sys.executable, env=None, horovod=False):
+  """This process's fork server for `python` (with `env` at its start,
+  this process's by default), started on first use and ended at exit."""
+  key = (python, horovod)
+  if key not in _shared:
+    _shared[key] = Zygote(python, env, horovod=horovod)
+    atexit.register(_shared[key].close)
+  return _shared[key]
+
+
+def _main(argv):
+  """`python -m tests.support.zygote MODULE ARGS`: MODULE forked by the
+  server at $TFDE_ZYGOTE_SOCKET with this process's environment, working
+  directory, stdout and stderr; this process passes SIGTERM, SIGINT and
+  SIGHUP on to it and ends as it did."""
+  path = os.environ.pop(SOCKET_VARIABLE)
+  pid, connection = _request(path, argv[0], argv[1:], os.environ, os.getcwd(),
+                             sys.stdout.fileno(), sys.stderr.fileno())
+  def pass_on(number, _):
+    try:
+      os.killpg(pid, number)
+    except ProcessLookupError:  # it has ended: its status is on the way
+      pass
+
+  for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+    signal.signal(getattr(signal, name), pass_on)
+  try:
+    code = int(_read_line(connection))
+  except ConnectionError:
+    code = 1
+  if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+  sys.exit(code)
+
+
+if __name__ == "__main__":
+  _main(sys.argv[1:])

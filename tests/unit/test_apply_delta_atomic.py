@@ -5,9 +5,6 @@ server polling the directory loads either, never a broken one)."""
 import os
 import random
 import shutil
-import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -15,9 +12,9 @@ import pytest
 import tensorflow as tf
 
 import tfde
+from tests.support import zygote
 
 KILLS = 8
-WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "workers", "apply_delta_kill_worker.py")
 
 
 def _export_and_delta(tmp_path):
@@ -38,25 +35,44 @@ def _export_and_delta(tmp_path):
   return ids, old, new, info
 
 
+def _first_line(worker, output, timeout=120):
+  """The first line `worker` (a `ForkedProcess`) writes to `output`, once
+  it is whole; its output so far if it ends first."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    with open(output) as f:
+      text = f.read()
+    if "\n" in text:
+      return text.split("\n", 1)[0]
+    if worker.poll() is not None:
+      return text
+    time.sleep(0.01)
+  return f"(no line in {timeout} s)"
+
+
 def test_a_kill_during_apply_delta_leaves_the_old_or_the_new_version(tmp_path):
   ids, old, new, info = _export_and_delta(tmp_path)
-  env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(WORKER)))))
+  env = dict(os.environ, PYTHONPATH=zygote.REPO)
   rng = random.Random(0)
   seen = []
+  # The workers fork from one process that imported TensorFlow and tfde
+  # (tests/support/zygote.py): each kill then costs its rehearsal, not the
+  # imports' seconds.
+  server = zygote.shared()
   for attempt in range(KILLS):
     target = tmp_path / "export"
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(tmp_path / "pristine", target)
-    worker = subprocess.Popen(
-        [sys.executable, WORKER, str(tmp_path / "pristine"), str(tmp_path / "scratch"),
-         str(target), str(tmp_path / "delta")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    line = worker.stdout.readline().split()
-    assert line and line[0] == "applying", worker.stderr.read()[-3000:]
+    output = str(tmp_path / f"worker_{attempt}.log")
+    worker = server.start("tests.workers.apply_delta_kill_worker",
+                          [str(tmp_path / "pristine"), str(tmp_path / "scratch"), str(target),
+                           str(tmp_path / "delta")], env, output)
+    line = _first_line(worker, output).split()
+    assert line and line[0] == "applying", open(output).read()[-3000:]
     before_write, total = float(line[1]), float(line[2])
     time.sleep(rng.uniform(before_write, 1.1 * total))
-    worker.send_signal(signal.SIGKILL)
-    worker.wait()
+    worker.kill()
+    worker.wait(60)
     # What a server polling the directory loads now.
     try:
       served = tf.saved_model.load(str(target))

@@ -25,7 +25,9 @@ TIMEOUT_S = 120
 
 
 def _start(zygote, mode, directory):
-  """The writer's processes, forked by `zygote`: (pid, output file) each."""
+  """The writer's processes, forked by `zygote`: (its `ForkedProcess`,
+  output file) each. The process object is kept while the child runs: the
+  server kills a child whose requester's connection closes."""
   if mode == "local":
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
     commands = [[sys.executable, "-m", "tests.workers.save_worker", "--mode", "local",
@@ -70,7 +72,7 @@ def _kill_during_saves(zygote, mode, directory, periods):
     with open(chief_output, "rb") as output:
       pending = b""
       while len(saved_at) < 2:
-        assert time.monotonic() < deadline and _alive(chief), (
+        assert time.monotonic() < deadline and _alive(chief.pid), (
             "no save: " + open(chief_output).read()[-2000:])
         chunk = output.read()
         if not chunk:
@@ -81,15 +83,14 @@ def _kill_during_saves(zygote, mode, directory, periods):
     period = saved_at[1] - saved_at[0]
     time.sleep(max(0.0, saved_at[0] + periods * period - time.monotonic()))
   finally:
-    for pid, _ in children:
+    for child, _ in children:
       for kill in (os.killpg, os.kill):   # its group, and itself in any case
         try:
-          kill(pid, signal.SIGKILL)
+          kill(child.pid, signal.SIGKILL)
         except ProcessLookupError:
           pass
-    for pid, _ in children:
-      while _alive(pid):
-        time.sleep(0.01)
+    for child, _ in children:
+      child.wait(TIMEOUT_S)
   return period
 
 
@@ -118,13 +119,13 @@ def test_a_killed_writer_leaves_a_complete_latest_checkpoint(tmp_path, mode):
   # The writers fork from one process that imported TensorFlow and tfde
   # (tests/support/zygote.py): a trial then starts in a fraction of the
   # imports' seconds.
-  with zygote_lib.Zygote() as zygote:
-    for trial in range(TRIALS):
-      directory = str(tmp_path / f"trial_{trial}")
-      # 1 to 3.5 periods after the first save: during and after the third
-      # and fourth (all ten kills before the third is done: 0.4^10).
-      periods.append(_kill_during_saves(zygote, mode, directory,
-                                        float(rng.uniform(1.0, 3.5))))
-      seen.append(_restored_value(directory))
+  zygote = zygote_lib.shared()
+  for trial in range(TRIALS):
+    directory = str(tmp_path / f"trial_{trial}")
+    # 1 to 3.5 periods after the first save: during and after the third
+    # and fourth (all ten kills before the third is done: 0.4^10).
+    periods.append(_kill_during_saves(zygote, mode, directory,
+                                      float(rng.uniform(1.0, 3.5))))
+    seen.append(_restored_value(directory))
   # The kills fell at different points of the save loop.
   assert len(set(seen)) > 1, (seen, periods)

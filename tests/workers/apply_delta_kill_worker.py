@@ -1,6 +1,6 @@
 """Applies a delta on disk, to be killed during it (tests/unit/test_apply_delta_atomic.py).
 
-Usage: apply_delta_kill_worker.py PRISTINE SCRATCH TARGET DELTA
+Usage: python -m tests.workers.apply_delta_kill_worker PRISTINE SCRATCH TARGET DELTA
 
 First a timed rehearsal on SCRATCH (a copy of PRISTINE): how long until
 the write begins (the export loaded, the delta applied in memory) and how
