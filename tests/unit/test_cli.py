@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.support import zygote
 from tfde.app import cli
 from tfde.app import model as model_lib
 from tfde.app import report as report_lib
-from tests.support import zygote
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MOVIELENS = os.path.join(REPO, "..", "shared", "data", "ml-latest-small", "ratings.csv")
