@@ -79,12 +79,13 @@ def horovod_env():
   return env
 
 
-def _launch(commands, envs, cwd):
+def launch(commands, envs, cwd):
   """Starts processes, each in a process group of its own: this Python's
-  `-m` workers forked from the fork server (tests/support/zygote.py, the
-  imports paid once), anything else (horovodrun) afresh."""
-  server = zygote.shared()
-  return [server.popen(cmd, env, cwd) for cmd, env in zip(commands, envs)]
+  `-m` workers forked from the fork servers (tests/support/zygote.py, the
+  imports paid once; worker i from `zygote.for_worker(i)`), anything else
+  (horovodrun) afresh."""
+  return [zygote.for_worker(i).popen(cmd, env, cwd)
+          for i, (cmd, env) in enumerate(zip(commands, envs))]
 
 
 def horovodrun_command(ranks, module_args, env=None):
@@ -95,15 +96,15 @@ def horovodrun_command(ranks, module_args, env=None):
   launches, signals and waits for as it would the rank itself."""
   env = dict(env or horovod_env())
   python = os.path.join(HVD_VENV, "bin", "python")
-  env[zygote.SOCKET_VARIABLE] = zygote.shared(python, horovod_env(), horovod=True).socket_path
+  env[zygote.SOCKET_VARIABLE] = zygote.socket_paths(python, horovod_env(), horovod=True)
   command = [os.path.join(HVD_VENV, "bin", "horovodrun"), "-np", str(ranks),
              "--gloo", "-H", f"localhost:{ranks}", python, "-m", "tests.support.zygote"]
   return command + list(module_args), env
 
 
 def _run_group(commands, envs, cwd):
-  """Starts processes (`_launch`); kills them all on timeout."""
-  procs = _launch(commands, envs, cwd)
+  """Starts processes (`launch`); kills them all on timeout."""
+  procs = launch(commands, envs, cwd)
   outputs = []
   try:
     for p in procs:

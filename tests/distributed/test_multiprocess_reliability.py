@@ -201,7 +201,7 @@ def test_killed_peer_fails_every_survivor_and_a_restart_resumes(tmp_path):
   checkpoints = str(tmp_path / "ckpt")
   extra = ["--batches", path, "--pace", "0.3", "--checkpoint-dir", checkpoints]
   commands, envs = _mwms_group(tmp_path, 2, extra)
-  procs = mp._launch(commands, envs, mp.REPO)  # pylint: disable=protected-access
+  procs = mp.launch(commands, envs, mp.REPO)
   seconds, outputs = _fail_a_peer(str(tmp_path), 2, procs, "SIGKILL", victim=1)
   _check_survivors(procs[:1], outputs[:1], seconds, "SIGKILL")
 
@@ -241,7 +241,7 @@ def test_failed_peer_ends_a_multi_worker_mirrored_job(tmp_path, workers, signal_
   or stopped: every other exits non-zero within the bound, no hang."""
   path, _ = _peer_batches(tmp_path, workers)
   commands, envs = _mwms_group(tmp_path, workers, ["--batches", path, "--pace", "0.3"])
-  procs = mp._launch(commands, envs, mp.REPO)  # pylint: disable=protected-access
+  procs = mp.launch(commands, envs, mp.REPO)
   victim = workers - 1
   survivors = [p for r, p in enumerate(procs) if r != victim]
   seconds, outputs = _fail_a_peer(str(tmp_path), workers, survivors, signal_name,
@@ -265,7 +265,7 @@ def _horovod_launch(tmp_path, ranks, path, extra=("--pace", "0.3")):
       ranks, ["tests.workers.peer_worker", "--mode", "horovod", "--batches", path,
               "--out", str(tmp_path)] + list(extra),
       dict(mp.horovod_env(), HOROVOD_GLOO_TIMEOUT_SECONDS=str(HOROVOD_GLOO_TIMEOUT_S)))
-  return mp._launch([command], [env], str(tmp_path))  # pylint: disable=protected-access
+  return mp.launch([command], [env], str(tmp_path))
 
 
 @pytest.mark.timeout(2 * mp.TIMEOUT_S)

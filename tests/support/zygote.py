@@ -52,7 +52,8 @@ IMPORT_TIME_VARIABLES = ("PYTHONPATH", "TFDE_OPS_LIBRARY", "TF_ENABLE_ONEDNN_OPT
                          "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD")
 
 _SERVER = r"""
-import json, os, runpy, select, signal, socket, sys
+import json, os, random, runpy, select, signal, socket, sys
+import numpy
 import tensorflow  # noqa: F401  (the imports every child shares)
 import tfde.lookup  # noqa: F401  (`import tfde` alone loads nothing yet)
 if os.environ.get("TFDE_ZYGOTE_HOROVOD") == "1":
@@ -70,15 +71,32 @@ def run_child(request, fds):
   os.dup2(null, 0)
   os.dup2(fds[0], 1)
   os.dup2(fds[1], 2)
+  for fd in {null, *fds}:  # none left open for the child's own children
+    os.close(fd)
   os.environ.clear()
   os.environ.update(request["env"])
   os.chdir(request["cwd"])
   sys.argv = [request["module"]] + request["args"]
+  # Random streams of its own, as a fresh process draws them (the hash
+  # seed stays the server's: hence two servers, see Zygote).
+  random.seed()
+  numpy.random.seed()
   try:
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     code = 0
   except SystemExit as e:
-    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    if e.code is None or isinstance(e.code, int):
+      code = e.code or 0
+    else:  # sys.exit("message"), which Python writes to stderr
+      print(e.code, file=sys.stderr)
+      code = 1
+  except KeyboardInterrupt:  # ended by SIGINT, as a fresh process would be
+    import traceback
+    traceback.print_exc()
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    code = 1
   except BaseException:  # the child's own traceback, then its exit
     import traceback
     traceback.print_exc()
@@ -169,16 +187,25 @@ class ForkedProcess:
     self.returncode = None
     self._connection = connection
     self._output = output
+    self._status = b""  # what has come of the status line
 
   def poll(self):
-    if self.returncode is None:
+    """Its exit status once its watcher has sent it, else None (1 where
+    the watcher ended without one), never raising, as Popen.poll."""
+    while self.returncode is None:
       self._connection.setblocking(False)
       try:
-        self.returncode = int(_read_line(self._connection))
+        part = self._connection.recv(64)
       except BlockingIOError:
-        pass
+        return None
       finally:
         self._connection.setblocking(True)
+      if not part:
+        self.returncode = int(self._status) if self._status.strip() else 1
+      else:
+        self._status += part
+        if self._status.endswith(b"\n"):
+          self.returncode = int(self._status)
     return self.returncode
 
   def wait(self, timeout=None):
@@ -305,14 +332,35 @@ class Zygote:
 _shared = {}
 
 
-def shared(python=sys.executable, env=None, horovod=False):
-  """This process's fork server for `python` (with `env` at its start,
-  this process's by default), started on first use and ended at exit."""
-  key = (python, horovod)
+# Servers per environment. A forked child keeps its server's string hash
+# seed (Python draws it at start-up only), so the workers of one job fork
+# from different servers (`for_worker`): an order that depends on hashing
+# differs between them as between fresh processes, and a disagreement it
+# causes fails as it would on a cluster.
+SLOTS = 2
+
+
+def shared(python=sys.executable, env=None, horovod=False, slot=0):
+  """This process's fork server number `slot` for `python` (with `env` at
+  its start, this process's by default), started on first use and ended
+  at exit."""
+  key = (python, horovod, slot)
   if key not in _shared:
     _shared[key] = Zygote(python, env, horovod=horovod)
     atexit.register(_shared[key].close)
   return _shared[key]
+
+
+def for_worker(index, python=sys.executable, env=None, horovod=False):
+  """The fork server for worker `index` of a job (see SLOTS)."""
+  return shared(python, env, horovod, index % SLOTS)
+
+
+def socket_paths(python, env, horovod=False):
+  """$TFDE_ZYGOTE_SOCKET for a launcher's ranks: every slot's server, in
+  slot order (the stand-in takes rank % SLOTS)."""
+  return os.pathsep.join(shared(python, env, horovod, slot).socket_path
+                         for slot in range(SLOTS))
 
 
 def _main(argv):
@@ -320,9 +368,11 @@ def _main(argv):
   server at $TFDE_ZYGOTE_SOCKET with this process's environment, working
   directory, stdout and stderr; this process passes SIGTERM, SIGINT and
   SIGHUP on to it and ends as it did."""
-  path = os.environ.pop(SOCKET_VARIABLE)
+  paths = os.environ.pop(SOCKET_VARIABLE).split(os.pathsep)
+  path = paths[int(os.environ.get("HOROVOD_RANK", "0")) % len(paths)]
   pid, connection = _request(path, argv[0], argv[1:], os.environ, os.getcwd(),
                              sys.stdout.fileno(), sys.stderr.fileno())
+
   def pass_on(number, _):
     try:
       os.killpg(pid, number)
@@ -336,7 +386,8 @@ def _main(argv):
   except ConnectionError:
     code = 1
   if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
+    if -code not in (signal.SIGKILL, signal.SIGSTOP):  # whose handlers cannot change
+      signal.signal(-code, signal.SIG_DFL)
     os.kill(os.getpid(), -code)
   sys.exit(code)
 

@@ -63,12 +63,13 @@ def test_a_kill_during_apply_delta_leaves_the_old_or_the_new_version(tmp_path):
     target = tmp_path / "export"
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(tmp_path / "pristine", target)
-    output = str(tmp_path / f"worker_{attempt}.log")
+    output = str(tmp_path / f"worker_{attempt}.out")
+    errors = str(tmp_path / f"worker_{attempt}.err")
     worker = server.start("tests.workers.apply_delta_kill_worker",
                           [str(tmp_path / "pristine"), str(tmp_path / "scratch"), str(target),
-                           str(tmp_path / "delta")], env, output)
+                           str(tmp_path / "delta")], env, output, error_output=errors)
     line = _first_line(worker, output).split()
-    assert line and line[0] == "applying", open(output).read()[-3000:]
+    assert line and line[0] == "applying", open(errors).read()[-3000:]
     before_write, total = float(line[1]), float(line[2])
     time.sleep(rng.uniform(before_write, 1.1 * total))
     worker.kill()

@@ -24,8 +24,8 @@ TRIALS = int(os.environ.get("TFDE_CRASH_TRIALS", "10"))
 TIMEOUT_S = 120
 
 
-def _start(zygote, mode, directory):
-  """The writer's processes, forked by `zygote`: (its `ForkedProcess`,
+def _start(mode, directory):
+  """The writer's processes, forked by the fork servers: (its `ForkedProcess`,
   output file) each. The process object is kept while the child runs: the
   server kills a child whose requester's connection closes."""
   if mode == "local":
@@ -41,7 +41,8 @@ def _start(zygote, mode, directory):
   for i, (command, env) in enumerate(zip(commands, envs)):
     assert command[1] == "-m", command
     output = os.path.join(os.path.dirname(directory), f"{os.path.basename(directory)}_{i}.log")
-    children.append((zygote.start(command[2], command[3:], env, output), output))
+    server = zygote_lib.for_worker(i)
+    children.append((server.start(command[2], command[3:], env, output), output))
   return children
 
 
@@ -54,7 +55,7 @@ def _alive(pid):
     return False
 
 
-def _kill_during_saves(zygote, mode, directory, periods):
+def _kill_during_saves(mode, directory, periods):
   """Starts the writer, waits for its first two saves, and SIGKILLs every
   process `periods` save periods after the first (a period: the time from
   the first save to the second, measured in each trial, as the load of
@@ -64,7 +65,7 @@ def _kill_during_saves(zygote, mode, directory, periods):
   0.1 s alone and 1.5 s for two MultiWorkerMirroredStrategy workers on a
   slow host: fixed delays all fell before the second save there.
   """
-  children = _start(zygote, mode, directory)
+  children = _start(mode, directory)
   (chief, chief_output) = children[0]
   try:
     saved_at = []
@@ -116,16 +117,14 @@ def _restored_value(directory):
 def test_a_killed_writer_leaves_a_complete_latest_checkpoint(tmp_path, mode):
   rng = np.random.default_rng(7)
   seen, periods = [], []
-  # The writers fork from one process that imported TensorFlow and tfde
+  # The writers fork from processes that imported TensorFlow and tfde
   # (tests/support/zygote.py): a trial then starts in a fraction of the
   # imports' seconds.
-  zygote = zygote_lib.shared()
   for trial in range(TRIALS):
     directory = str(tmp_path / f"trial_{trial}")
     # 1 to 3.5 periods after the first save: during and after the third
     # and fourth (all ten kills before the third is done: 0.4^10).
-    periods.append(_kill_during_saves(zygote, mode, directory,
-                                      float(rng.uniform(1.0, 3.5))))
+    periods.append(_kill_during_saves(mode, directory, float(rng.uniform(1.0, 3.5))))
     seen.append(_restored_value(directory))
   # The kills fell at different points of the save loop.
   assert len(set(seen)) > 1, (seen, periods)

@@ -171,9 +171,9 @@ class MirroredCommunicator(Communicator):
 
   def _count_bytes_of_all(self, datas, all_counts):
     """Adds what every replica i sends the others (`all_counts[i][j]` rows
-    of `datas[i]` to replica j) to the bytes sent, in one update: per
-    replica, as `_count_bytes` does it, took a tenth of a traced
-    4-replica step's ops."""
+    of `datas[i]` to replica j) to the bytes sent."""
+    # One update for all replicas: one per replica (`_count_bytes`) made a
+    # tenth of a traced 4-replica step's ops.
     counter = self._bytes_counter()
     if counter is None:
       return tf.no_op()

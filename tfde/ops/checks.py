@@ -48,8 +48,8 @@ def message(parts):
 
 
 def _integer_scalar(part):
-  """Whether `part` is an integer tensor of one element, which
-  `tf.strings.format` writes as `tf.strings.as_string` does."""
+  """Whether `part` is an integer scalar tensor, which `tf.strings.format`
+  writes as `tf.strings.as_string` does."""
   return (isinstance(part, (tf.Tensor, tf.Variable)) and part.dtype.is_integer and
           part.shape.rank == 0)
 

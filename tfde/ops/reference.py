@@ -56,9 +56,9 @@ def _weights_or_ones(weights, n):
   # An empty weights tensor means "no weights", as for the kernel: n ones
   # follow it then, none otherwise. Not a tf.cond, whose two branch
   # functions cost a traced step more than the rest of this op.
-  ones = tf.where(tf.equal(tf.size(weights, out_type=tf.int64), 0), tf.cast(n, tf.int64),
-                  tf.constant(0, tf.int64))
-  return tf.concat([weights, tf.ones(ones[None], tf.float32)], 0)
+  num_ones = tf.where(tf.equal(tf.size(weights, out_type=tf.int64), 0), tf.cast(n, tf.int64),
+                      tf.constant(0, tf.int64))
+  return tf.concat([weights, tf.ones(num_ones[None], tf.float32)], 0)
 
 
 # Index inputs stay int32 or int64 as given (stock ops take either); no
