@@ -85,7 +85,7 @@ docs-env:
 envs:
 	$(ENVS) ops main --inplace
 	$(ENVS) ops hvd tf215 $(KERAS3_LANES:%=tf%)
-	$(ENVS) env peers docs
+	$(ENVS) env peers docs wheel
 
 ## test-tf215: the TF 2.15 lane (tf.estimator, the graph-mode path) on its op library
 test-tf215: tf215-env
@@ -111,11 +111,15 @@ wheel: ops
 	    --no-build-isolation -w dist .
 	@ls dist/tfde-*.whl
 
-## wheel-test: the wheel installed in a fresh environment (binaries only), then its smoke test
+# The environment holds the wheel's requirements only (tools/envs.py,
+# built once per machine); the wheel goes in afresh each time, and pip
+# adds what it requires beyond them.
+## wheel-test: the wheel installed where only its requirements are (binaries only), then its smoke test
 wheel-test: wheel
-	rm -rf $(WHEEL_VENV)
-	$(PYTHON) -m venv $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/pip install -q --only-binary :all: "$$(ls dist/tfde-*.whl)[cpu]"
+	$(ENVS) env wheel
+	$(WHEEL_VENV)/bin/python -m pip uninstall -q -y tfde
+	$(WHEEL_VENV)/bin/python -m pip install -q --disable-pip-version-check --only-binary :all: \
+	    "$$(ls dist/tfde-*.whl)[cpu]"
 	cd / && CC=false CXX=false $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/tests/packaging/wheel_smoke.py
 
 ## docs: the user guide built with warnings (and broken links) as errors
@@ -239,5 +243,5 @@ bazel: env
 
 ## clean: build outputs and the links to the environments (the cache stays: tools/envs.py list)
 clean:
-	rm -rf build dist *.egg-info tfde/ops/_tfde_ops.so tfde/_build_info.py $(WHEEL_VENV)
-	rm -f $(VENV) $(HVD_VENV) $(TF215_VENV) $(KERAS3_LANES:%=.venv-tf%) .venv-peers .venv-docs
+	rm -rf build dist *.egg-info tfde/ops/_tfde_ops.so tfde/_build_info.py
+	rm -f $(WHEEL_VENV) $(VENV) $(HVD_VENV) $(TF215_VENV) $(KERAS3_LANES:%=.venv-tf%) .venv-peers .venv-docs

@@ -71,6 +71,11 @@ RECIPES = {
     # The peers of bench/ops_bench.py and tests/unit/test_peers.py.
     "peers": (".venv-peers", [["torch==2.13.0", "fbgemm-gpu-cpu==1.8.*", "numpy"]], False),
     "docs": (".venv-docs", [["mkdocs", "mkdocs-material", "mkdocstrings[python]"]], False),
+    # What `pip install tfde[cpu]` brings, binaries only, for the wheel's
+    # smoke test (`make wheel-test` installs the wheel itself into it each
+    # time; a fresh environment took a minute of every `make test`).
+    "wheel": (".venv-wheel", [["--only-binary", ":all:", "tensorflow-cpu==2.21.0", "numpy",
+                               "absl-py", "pyyaml"]], False),
 }
 
 
