@@ -178,8 +178,7 @@ class MirroredCommunicator(Communicator):
     if counter is None:
       return tf.no_op()
     n = self.num_replicas
-    counts = tf.cast(all_counts if isinstance(all_counts, tf.Tensor) else tf.stack(all_counts),
-                     tf.int64)  # [sender, receiver]
+    counts = tf.cast(tf.convert_to_tensor(all_counts), tf.int64)  # [sender, receiver]
     to_others = tf.constant([[0 if i == j else 1 for j in range(n)] for i in range(n)],
                             tf.int64)
     rows = tf.reduce_sum(counts * to_others, 1)
