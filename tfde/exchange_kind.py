@@ -36,9 +36,6 @@ Replicated groups exchange only their gradients (an all-gather).
 [False, True, True]
 """
 
-from tfde import groups as groups_lib
-
-
 def features_may_pool(configs):
   """Whether `configs` (`FeatureConfig`s of one group's tables) allow the
   partial sums: every feature pooled, no table renormalising rows."""
@@ -77,27 +74,3 @@ def pools_partials(exchange, group, configs, plan=None):
   if chosen:
     return chosen == {"partial sums"}
   return features_pool_partials(configs, group.num_shards)
-
-
-def of_tables(exchange, groups, feature_configs, tables, plan=None):
-  """Table name -> "partial sums", "rows" or "none" (one replica,
-  replicated tables, or an engine's), for a lookup's `groups` of `tables`
-  (name -> table), its `feature_configs` (name -> FeatureConfig) and its
-  sharding `plan`."""
-  whole = {part.name: name for name, table in tables.items()
-           for part in getattr(table, "slices", [table])}
-  kinds = {}
-  for group in groups:
-    configs = [f for f in feature_configs.values()
-               if any(part in group.index for part, table in whole.items()
-                      if table == f.table.name)]
-    if isinstance(group, groups_lib.EngineGroup) or group.num_shards == 1:
-      kind = "none"
-    else:
-      kind = "partial sums" if pools_partials(exchange, group, configs, plan) else "rows"
-    for table in group.tables:
-      # A column-wise table's slices may exchange in several groups.
-      previous = kinds.setdefault(whole[table.name], kind)
-      if previous != kind:
-        kinds[whole[table.name]] = "rows" if "rows" in (previous, kind) else previous
-  return kinds

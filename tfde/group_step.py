@@ -1,6 +1,5 @@
-"""The value that carries one group's step from the lookup's forward to its
-backward (`GroupStep`), and what the pipeline does with it on the way:
-the features as one batch, the backward's dedup, the gradient's tensors.
+"""What every exchange (`tfde.pipeline.exchanges`) does with a group's
+step: the features as one batch, the gradient's tensors.
 
 >>> import tensorflow as tf
 >>> from tfde import group_step, inputs
@@ -18,79 +17,6 @@ import dataclasses
 import tensorflow as tf
 
 from tfde import ops
-from tfde import routing
-
-
-def renormalizes(features):
-  """Whether any of `features`' tables renormalises rows (max_norm)."""
-  return any(f.table.config.max_norm is not None for f in features)
-
-
-@dataclasses.dataclass
-class GroupStep:
-  """What one group's forward learned, carried to its backward.
-
-  Attributes:
-    group: the `tfde.groups.TableGroup` looked up.
-    features: its features' `FlatFeature`s, in output order.
-    combiners: each feature's combiner.
-    replica: this replica.
-    routed: stage 1's result (`tfde.routing.Routed`): what this replica
-      serves, where its ids' rows arrive, the exchange plan.
-    batch: the features as one ragged batch (`as_one_batch`).
-    num_rows: rows the outputs read, one per unique id (one per id where
-      the forward skipped the dedup).
-    fused: the stages around the local compute were fused (one shard, or
-      the pooled exchange's owner).
-    rows: (unfused) the rows answered, one per unique id, as combined
-      (after max-norm renormalisation).
-    raw_rows: (unfused, max-norm tables) those rows as stored.
-    row_max_norm: (max-norm tables) each answered row's table's max_norm
-      (inf for tables without one).
-    outputs: the features' combined outputs, float32.
-    preserved: (an engine group's step) what the engine keeps from the
-      forward for its update.
-    deduped: `routed` holds unique requests. False only for a fused step
-      whose forward needs no dedup (at one owner, or pooled); the backward
-      dedups it (`deduped`) before it reads `routed`.
-    pooled: (the pooled exchange) the `tfde.routing.RoutedBags` of this
-      owner: `routed` and `batch` are then its rows of every sample of the
-      global batch, and the outputs this replica's samples summed over the
-      owners.
-  """
-  group: object
-  features: list
-  combiners: list
-  replica: int
-  routed: routing.Routed
-  batch: tuple
-  num_rows: tf.Tensor
-  fused: bool
-  rows: object = None
-  raw_rows: object = None
-  row_max_norm: object = None
-  outputs: object = None
-  deduped: bool = True
-  # (engine groups) what the engine keeps from the forward for its update.
-  preserved: object = None
-  pooled: object = None
-
-
-def deduped(step):
-  """`step` with its requests unique (the backward's form), where the
-  forward skipped the dedup (`deduped=False`: one owner, or the pooled
-  exchange's owner, fused, so `routed.requested` is every id's row and
-  `answer_index` the identity)."""
-  if step.deduped:
-    return step
-  # The requests are rows of this owner (fused ids at one owner, fused
-  # local rows at the pooled exchange's): deduped in row order where that
-  # is cheap, so each table's update walks its rows in address order.
-  unique, inverse = ops.unique_rows(step.routed.requested, step.group.row_space,
-                                    step.group.device(step.replica))
-  return dataclasses.replace(
-      step, routed=routing.Routed(unique, None, inverse, None),
-      num_rows=tf.size(unique), deduped=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,16 +12,16 @@ step, and what the pipeline asks of them.
 Static tables of one width and placement share a fused row space
 (`sharding.FusedGroupLayout`): one unique, one exchange, one gather for
 all of them. A dynamic table is a group of its own, its ids routed as
-keys with their sighting counts. The pipeline (`tfde.lookup`) calls the
-same methods on both; each group delegates to its tables' contract
-(`tfde.tables.base.Table`).
+keys with their sighting counts. A group is storage: the exchanges
+(`tfde.pipeline.exchanges`) call the same methods on both, and each group
+delegates to its tables' contract (`tfde.tables.base.Table`); no group
+calls back into the pipeline.
 """
 
 import collections
 
 import tensorflow as tf
 
-from tfde import group_step
 from tfde import ops
 from tfde import routing
 from tfde import sharding
@@ -68,19 +68,6 @@ class TableGroup:
     # table-wise tables fuse their owner into their ids instead).
     self.owner = getattr(tables[0], "owner", None) if self.routes_ids else None
 
-  # The stages, which a group may run otherwise (an engine's): by default
-  # the pipeline's exchange of ids and rows between the replicas
-  # (`tfde.lookup.ShardedLookup`).
-
-  def forward(self, pipeline, features, combiners, fused_ids, training):
-    """Stages 1 to 3 of this group's step: a `GroupStep` with its outputs."""
-    return pipeline.exchange_forward(self, features, combiners, fused_ids, training)
-
-  def backward_gradients(self, pipeline, step, grads):
-    """(rows this replica owns, their gradients) from the output gradients
-    `grads` of `step`'s features: what `apply_gradient` takes."""
-    return pipeline.exchange_gradients(step, grads)
-
   def step(self, replica):
     """The optimizer steps applied so far, the same on every replica (the
     stamp of this group's exchanges)."""
@@ -111,25 +98,6 @@ class TableGroup:
   def gradient_slices(self, replica, owned, grads):
     """id(gradient variable) -> its IndexedSlices gradient (SOK style)."""
     raise NotImplementedError
-
-  def owned_gradients(self, comm, answer_grad, routed, device=None, for_update=False):
-    """(rows this replica owns, their gradients summed over every replica
-    that read them; `device`: where they live, if known). `for_update`:
-    they only feed `apply_gradient`, so they may come as the update reads
-    them best (`routing.gradients_to_owners`). A replicated group applies
-    the same update on every copy: the gradients of all replicas, summed
-    per row in replica order."""
-    # A replicated group's copies own every row they read (no exchange), so
-    # they get their matrix back as it is, for the gather below.
-    owned, summed = routing.gradients_to_owners(
-        comm, answer_grad, routed, device, row_space=self.row_space,
-        for_update=for_update and self.fuses_local)
-    if self.replicated and comm.num_replicas > 1:
-      every_row = comm.all_gather(owned)
-      every_grad = comm.all_gather(summed)
-      owned, owned_inverse, _ = ops.unique_with_counts(every_row)
-      summed = ops.sum_rows_by_index(every_grad, owned_inverse, tf.size(owned), device)
-    return owned, summed
 
 
 class StaticGroup(TableGroup):
@@ -299,38 +267,6 @@ class EngineGroup(TableGroup):
 
   def fused_ids(self, features):
     return None
-
-  def refuse_weight_gradients(self, features, wants_gradient):
-    """The engine gives per-id weights no gradient: refuses `features`
-    whose weights (as given, in `source`) a tape watches, by name, rather
-    than return none. `wants_gradient(tensor)`: whether one is asked for."""
-    watched = []
-    for feature in features:
-      weights = (feature.source or (None, None))[1]
-      if weights is None:
-        continue
-      values = getattr(weights, "flat_values", getattr(weights, "values", weights))
-      if wants_gradient(values):
-        watched.append(feature.name)
-    if watched:
-      raise ValueError(
-          f"features {sorted(watched)}: a gradient of their per-id weights is "
-          "asked for, but under TPUStrategy the TPU embedding engine gives "
-          "weights no gradient; pass them through tf.stop_gradient or do not "
-          "watch them")
-
-  def forward(self, pipeline, features, combiners, fused_ids, training):
-    activations, preserved = self.engine.activations(features, training)
-    return group_step.GroupStep(
-        group=self, features=features, combiners=combiners, replica=0, routed=None,
-        batch=None, num_rows=None, fused=False, outputs=activations,
-        preserved=preserved)
-
-  def backward_gradients(self, pipeline, step, grads):
-    # Nothing is owned here; the update is the engine's, by feature.
-    return (tf.zeros([0], tf.int64),
-            ([f.name for f in step.features], [f.table.name for f in step.features],
-             list(grads), group_step.Carried(step.preserved)))
 
   def apply_gradient(self, replica, owned, grads, finite):
     del replica, owned

@@ -45,16 +45,15 @@ import tensorflow as tf
 
 from tfde import collective_keys
 from tfde import comm as comm_lib
-from tfde import exchange_kind
 from tfde import group_step
 from tfde import groups as groups_lib
 from tfde import inputs as inputs_lib
-from tfde import ops
 from tfde import planner as planner_lib
-from tfde import routing
 from tfde import tables as tables_lib
 from tfde import tf_internals
 from tfde import tpu as tpu_lib
+from tfde.pipeline import exchanges as exchanges_lib
+from tfde.pipeline import updates as updates_lib
 from tfde.tables import tpu as tpu_tables
 
 
@@ -166,6 +165,7 @@ class ShardedLookup(tf.Module):
       elif existing.config is not cfg and not same_table(existing.config, cfg):
         raise ValueError(f"two different tables are named {cfg.name!r}")
     self.train_in_backward = train_in_backward
+    self._update = updates_lib.of(train_in_backward)
     if self.plan is not None and table_stacking not in ("auto", None):
       raise ValueError("a plan fuses the tables of one width itself; pass "
                        "table_stacking='auto' (or None) with it")
@@ -237,7 +237,14 @@ class ShardedLookup(tf.Module):
       result[name] = inputs_lib.shape_output(feature, out)
     return result
 
-  # ---- the pipeline: three stages forward per group, and backward
+  # ---- the pipeline: each group's exchange forward, and back
+
+  def _exchange_of(self, group, names):
+    """The exchange of `group` for the features `names`: the policy's
+    choice (`tfde.pipeline.exchanges.choose`), from the configuration."""
+    choice = exchanges_lib.Choice([self.feature_configs[n] for n in names],
+                                  self.comm.num_replicas, self.exchange, self.plan)
+    return exchanges_lib.choose(group, choice, self.comm)
 
   def _lookup_groups(self, plan, trigger, training):
     """Every group's pipeline, [(group, features)], under one custom
@@ -245,6 +252,7 @@ class ShardedLookup(tf.Module):
     that one table refuses (non-finite gradients) updates no table."""
     prepared = []
     for group, features in plan:
+      exchange = self._exchange_of(group, [f.name for f in features])
       # A feature's own config decides its combiner (SOK picks it per
       # lookup). Unpooled features sum samples of one id (or none).
       combiners = [self.feature_configs[f.name].table.combiner
@@ -254,26 +262,25 @@ class ShardedLookup(tf.Module):
       # tf.nn.embedding_lookup_sparse does, when something asks for it.
       trained = [i for i, f in enumerate(features)
                  if f.weights is not None and wants_gradient(f.weights)]
-      refuse = getattr(group, "refuse_weight_gradients", None)
-      if refuse is not None:
-        refuse(features, wants_gradient)
-      prepared.append((group, features, group.fused_ids(features), combiners, trained))
+      exchange.refuse_weight_gradients(features, wants_gradient)
+      prepared.append((exchange, features, exchange.fused_ids(features), combiners, trained))
 
     @tf.custom_gradient
     def lookup(trigger_value, *weight_values):
-      steps, outputs = [], []
+      pairs, outputs = [], []
       given = iter(weight_values)
-      for group, features, fused_ids, combiners, trained in prepared:
+      for exchange, features, fused_ids, combiners, trained in prepared:
         members = list(features)
         for i in trained:
           members[i] = dataclasses.replace(members[i], weights=next(given))
-        step = group.forward(self, members, combiners, fused_ids, training)
-        steps.append(step)
+        self._update.watch(exchange, self.comm.replica_id())
+        step = exchange.forward(members, combiners, fused_ids, training)
+        pairs.append((exchange, step))
         outputs.extend(step.outputs)
 
       def grad_fn(*output_grads, variables=None):
         grads, start = [], 0
-        for step in steps:
+        for _, step in pairs:
           grads.append(list(output_grads[start:start + len(step.features)]))
           start += len(step.features)
         # After every exchange of the forward, on every replica. A TF1
@@ -286,7 +293,7 @@ class ShardedLookup(tf.Module):
         with collective_keys.key_space(self._key_space), \
             tf.control_dependencies(outputs if comm_lib.in_tf1_graph() and
                                     self.comm.num_replicas > 1 else []):
-          return self._backward(steps, grads, trigger_value, variables or [],
+          return self._backward(pairs, grads, trigger_value, variables or [],
                                 [p[4] for p in prepared])
 
       return outputs, grad_fn
@@ -294,78 +301,6 @@ class ShardedLookup(tf.Module):
     with tables_lib.graph_saving.custom_gradients_see_rank_local_variables(), \
         collective_keys.key_space(self._key_space):
       return lookup(trigger, *[p[1][i].weights for p in prepared for i in p[4]])
-
-  def exchange_forward(self, group, features, combiners, fused_ids, training):
-    """A group's forward through the replicas' exchange (`TableGroup.forward`):
-    stage 1, then stages 2 and 3."""
-    step = self._input_dist(group, features, combiners, fused_ids)
-    step.outputs = self._compute_and_output_dist(step, training)
-    return step
-
-  def _input_dist(self, group, features, combiners, fused_ids):
-    """Stage 1: dedup, group the unique ids by owner, and send each owner
-    what it must serve (local rows, or ids with their sighting counts); or
-    (the pooled exchange) every id with its sample and, where needed, its
-    coefficient."""
-    comm = self.comm
-    if exchange_kind.pools_partials(self.exchange, group,
-                                    [self.feature_configs[f.name] for f in features],
-                                    self.plan):
-      bags = routing.route_bags_to_owners(
-          comm, fused_ids, group_step.as_one_batch(features, combiners), group.num_shards,
-          group.row_space, stamp=group.step(comm.replica_id()))
-      # Each owner's step is then the fused step of one owner over the
-      # global batch's bags of its rows; its backward dedups them.
-      return group_step.GroupStep(
-          group=group, features=features, combiners=combiners,
-          replica=comm.replica_id(),
-          routed=routing.Routed(bags.requested, None,
-                                ops.int32_range(tf.size(bags.requested, out_type=tf.int64)),
-                                None),
-          batch=(bags.row_splits, bags.weights, "sum"), num_rows=tf.size(bags.requested),
-          fused=True, deduped=False, pooled=bags)
-    if (group.num_shards == 1 and group.fuses_local and
-        not group_step.renormalizes(features)):
-      # One owner and a fused combine: the forward reads each id's row
-      # where it lies, so nothing needs the dedup (about half of the
-      # forward's time at one replica). The backward dedups (`group_step.deduped`),
-      # only when a gradient is taken: the updates need unique rows.
-      return group_step.GroupStep(
-          group=group, features=features, combiners=combiners,
-          replica=comm.replica_id(),
-          routed=routing.Routed(fused_ids, None,
-                                ops.int32_range(tf.size(fused_ids, out_type=tf.int64)),
-                                None),
-          batch=group_step.as_one_batch(features, combiners), num_rows=tf.size(fused_ids),
-          fused=True, deduped=False)
-    if group.row_space is None:  # ids, not rows (dynamic tables: with their counts)
-      unique, inverse, counts = ops.unique_with_counts(fused_ids)
-      counts = tf.cast(counts, tf.int64) if group.routes_ids else None
-    else:
-      # Fused ids lie below the owners' row space times N. Deduped in
-      # increasing order where the bitmap is cheap, each owner receives
-      # one increasing run of rows from each replica: its gather reads
-      # them in address order.
-      unique, inverse = ops.unique_rows(fused_ids, group.row_space * group.num_shards,
-                                        group.device(comm.replica_id()))
-      counts = None
-    routed = routing.route_to_owners(
-        comm, unique, inverse, group.num_shards, counts=counts,
-        dynamic=group.routes_ids,
-        stamp=group.step(comm.replica_id()) if group.num_shards > 1 else None,
-        owner=group.owner)
-    return group_step.GroupStep(
-        group=group, features=features, combiners=combiners,
-        replica=comm.replica_id(), routed=routed,
-        batch=group_step.as_one_batch(features, combiners), num_rows=tf.size(unique),
-        # When this replica owns every row it reads, the stages around the
-        # local compute fuse, as TorchRec's batched tables do: outputs
-        # combine each id's row straight from its table, and the optimizer
-        # sums each row's gradient from the output gradient as it applies
-        # it. Neither the gathered rows nor a [rows, dim] gradient is
-        # written.
-        fused=(routed.plan is None and group.fuses_local and
-               not group_step.renormalizes(features)))
 
   def exchanges(self):
     """Table name -> what its rows' exchange between the replicas is:
@@ -378,193 +313,51 @@ class ShardedLookup(tf.Module):
     >>> ShardedLookup({"f": tfde.FeatureConfig(name="f", table=t)}).exchanges()
     {'t': 'none'}
     """
-    return exchange_kind.of_tables(self.exchange, self._groups, self.feature_configs,
-                                   self.tables, self.plan)
+    whole = {part.name: name for name, table in self.tables.items()
+             for part in getattr(table, "slices", [table])}
+    kinds = {}
+    for group in self._groups:
+      exchange = self._exchange_of(group, [
+          name for name, f in self.feature_configs.items()
+          if any(whole[part] == f.table.name for part in group.index)])
+      for table in exchange.group.tables:
+        # A column-wise table's slices may exchange in several groups.
+        previous = kinds.setdefault(whole[table.name], exchange.kind)
+        if previous != exchange.kind:
+          kinds[whole[table.name]] = "rows" if "rows" in (previous, exchange.kind) else previous
+    return kinds
 
-  def _compute_and_output_dist(self, step, training):
-    """Stages 2 and 3: the owners read their rows, send them back, and each
-    feature's samples combine them; or (fused) the outputs combine from the
-    tables, at the owners as partial sums where the exchange pools."""
-    group, routed, features = step.group, step.routed, step.features
-    if not self.train_in_backward:
-      # The kernels read the variables through their handles, which a tape
-      # does not see; tell it, so gradients can flow to them. (When
-      # training in backward, watching them would only cost a copy.)
-      for variable in group.gradient_variables(step.replica):
-        tf_internals.mark_variable_read(variable)
-    if step.fused:
-      if step.pooled is None and not step.deduped and ops.types.on_cpu(
-          group.device(step.replica)):
-        # One shard, every id's row read where it lies: on a CPU each
-        # feature from its own table (the fused ids and batch are the
-        # backward's). A GPU's op waits on the device for its checks, so
-        # there one op serves every feature.
-        outputs = group.combine_each_local(step.replica, features, step.combiners)
-      else:
-        out = group.combine_local(step.replica, routed.requested, routed.answer_index,
-                                  step.batch)
-        if step.pooled is not None:
-          # That was this owner's part of every sample of the global
-          # batch: this replica's samples are every owner's parts summed.
-          out = routing.sum_partials(self.comm, out, step.pooled)
-        outputs = [out] if len(features) == 1 else tf.split(
-            out, [tf.size(f.row_splits) - 1 for f in features])
-      for f, o in zip(features, outputs):
-        o.set_shape([f.row_splits.shape[0] - 1 if f.row_splits.shape[0] else None,
-                     group.width])
-      return outputs
-    rows = group.lookup_local(step.replica, routed.requested, routed.counts, training)
-    answered = routing.answer_requesters(self.comm, rows, routed)
-    if group_step.renormalizes(features):
-      # On the requester, which keeps the rows as stored for the backward.
-      per_id = tf.concat([
-          tf.fill([tf.size(f.ids)], f.table.config.max_norm or float("inf"))
-          for f in features], 0)
-      step.row_max_norm = tf.math.unsorted_segment_max(
-          per_id, routed.answer_index, tf.shape(answered)[0])
-      step.raw_rows = answered
-      answered = ops.renormalize_rows(answered, step.row_max_norm)
-    step.rows = answered
-    sizes = [tf.size(f.ids) for f in features]
-    indices = (tf.split(routed.answer_index, sizes) if len(features) > 1
-               else [routed.answer_index])
-    return [ops.embedding_combine(answered, idx, f.row_splits, f.weights, c)
-            for f, idx, c in zip(features, indices, step.combiners)]
-
-  def _weights_gradients(self, step, grads, trained_weights):
-    """d loss / d weights of the features in `trained_weights` (indices),
-    from the rows each id was combined from (read again when fused)."""
-    if not trained_weights:
-      return []
-    routed = step.routed
-    sizes = [tf.size(f.ids) for f in step.features]
-    if step.pooled is not None:
-      # The owners summed the rows; each id's own row comes from its owner
-      # now, in id order (this exchange only where weights are trained).
-      per_id = routing.rows_to_requesters(
-          self.comm, step.group.lookup_local(step.replica, step.pooled.requested, None,
-                                             False), step.pooled)
-      rows_of = tf.split(per_id, sizes) if len(sizes) > 1 else [per_id]
-    else:
-      rows = step.rows
-      if rows is None:  # fused: the forward wrote no rows
-        rows = step.group.lookup_local(step.replica, routed.requested, routed.counts,
-                                       False)
-      indices = (tf.split(routed.answer_index, sizes) if len(sizes) > 1
-                 else [routed.answer_index])
-      rows_of = {i: tf.gather(rows, indices[i]) for i in trained_weights}
-    out = []
-    for i in trained_weights:
-      f = step.features[i]
-      out.append(ops.combine_weights_grad(
-          grads[i], rows_of[i], f.row_splits, f.weights,
-          step.outputs[i], step.combiners[i]))
-    return out
-
-  def _backward(self, steps, output_grads, trigger_value, variables, trained_weights):
+  def _backward(self, pairs, output_grads, trigger_value, variables, trained_weights):
     """Gradients of the rows read, to their owners, summed per row; then
-    one optimizer step per table (or IndexedSlices, SOK style). One entry
-    per group in `steps`, `output_grads` and `trained_weights`."""
-    steps = [group_step.deduped(step) for step in steps]
+    the update (`tfde.pipeline.updates`). One entry per group in `pairs`
+    ([(exchange, step)]), `output_grads` and `trained_weights`."""
     grads = [[tf.zeros_like(out) if g is None else g
               for out, g in zip(step.outputs, step_grads)]
-             for step, step_grads in zip(steps, output_grads)]
+             for (_, step), step_grads in zip(pairs, output_grads)]
     weights_grads, previous = [], []
-    for step, g, trained in zip(steps, grads, trained_weights):
+    for (exchange, step), g, trained in zip(pairs, grads, trained_weights):
       # In group order, as the gradients' exchanges below: the pooled
       # exchange sends each id's row back for them.
       with tf.control_dependencies(previous):
-        group_grads = self._weights_gradients(step, g, trained)
+        group_grads = exchange.weights_gradients(step, g, trained)
       weights_grads += group_grads
       previous = group_grads or previous
     # The weights' gradients read the rows as the forward combined them,
     # so before this step's update.
     with tf.control_dependencies(weights_grads):
-      trigger_grad, variables_grads = self._rows_backward(steps, grads, trigger_value,
-                                                          variables)
+      owned, previous = [], []
+      for (exchange, step), g in zip(pairs, grads):
+        # One group's exchanges at a time, in the same order on every
+        # replica: exchanges left free to run together would each hold an
+        # executor thread while they wait for their peers.
+        with tf.control_dependencies(previous):
+          rows, summed = exchange.backward(step, g, self._update.for_update)
+        owned.append((rows, summed))
+        previous = [rows] + group_step.tensors_of(summed)
+      with tf.control_dependencies(previous):
+        trigger_grad, variables_grads = self._update.finish(
+            self.comm, pairs, owned, grads, trigger_value, variables)
     return [trigger_grad] + weights_grads, variables_grads
-
-  def exchange_gradients(self, step, grads):
-    """(rows this replica owns, their gradients summed over every replica),
-    through the replicas' exchange (`TableGroup.backward_gradients`)."""
-    group = step.group
-    output_grad = grads[0] if len(grads) == 1 else tf.concat(grads, 0)
-    if step.pooled is not None:
-      # The gradient of an owner's partial sums is the global batch's
-      # output gradient: from there its step is one owner's.
-      output_grad = routing.output_gradients_to_owners(self.comm, output_grad, step.pooled)
-    splits, weights, combiner = step.batch
-    every_copy = group.replicated and self.comm.num_replicas > 1
-    if step.fused and self.train_in_backward and not every_copy:
-      return step.routed.requested, ops.gradients_for_update(
-          output_grad, step.routed.answer_index, splits, weights, step.num_rows, combiner,
-          device=group.device(step.replica))
-    # One gradient row per answered row, so already grouped by owner.
-    answer_grad = ops.embedding_combine_grad(output_grad, step.routed.answer_index,
-                                             splits, weights, step.num_rows, combiner)
-    if step.raw_rows is not None:
-      answer_grad = ops.renormalize_rows_grad(step.raw_rows, answer_grad,
-                                              step.row_max_norm)
-    return group.owned_gradients(self.comm, answer_grad, step.routed,
-                                 group.device(step.replica),
-                                 for_update=self.train_in_backward)
-
-  def _rows_backward(self, steps, grads, trigger_value, variables):
-    owned, previous = [], []
-    for step, g in zip(steps, grads):
-      # One group's exchanges at a time, in the same order on every
-      # replica: exchanges left free to run together would each hold an
-      # executor thread while they wait for their peers.
-      with tf.control_dependencies(previous):
-        rows, summed = step.group.backward_gradients(self, step, g)
-      owned.append((rows, summed))
-      previous = [rows] + group_step.tensors_of(summed)
-    if self.train_in_backward:
-      with tf.control_dependencies(previous):
-        finite = self._finite_by_table(steps, grads)
-      # A table that refuses a non-finite step refuses it for the whole
-      # step: every table's check runs before any table of any group is
-      # updated (each table's own guard alone would let the others train).
-      refusals = [c for step in steps for t in step.group.tables
-                  for c in t.nonfinite_checks(step.replica, finite[t.name])]
-      applied = []
-      with tf.control_dependencies(refusals):
-        # As data too: a control edge into a tf.cond (a skipping table's
-        # guard) does not hold back the ops of its branches.
-        finite = {name: tf.identity(flag) for name, flag in finite.items()}
-        for step, (rows, summed) in zip(steps, owned):
-          applied += step.group.apply_gradient(
-              step.replica, tf.identity(rows), group_step.map_tensors(tf.identity, summed),
-              finite)
-      # Zero, but computed from the updates' results (new steps), so
-      # whatever consumes the trigger's gradient runs them. Not zeros times
-      # them: Grappler rewrites that as zeros, and Keras fit on TF 2.16 (a
-      # step function inside another) then ran no update at all.
-      done = tf.add_n([tf.cast(u, trigger_value.dtype) for u in applied])
-      return tf.zeros_like(trigger_value) + ops.zero_from(done), [None] * len(variables)
-    slices = {}
-    for step, (rows, summed) in zip(steps, owned):
-      slices.update(step.group.gradient_slices(step.replica, rows, summed))
-    return tf.zeros_like(trigger_value), [slices.get(id(v)) for v in variables]
-
-  def _finite_by_table(self, steps, output_grads):
-    """table name -> whether every replica's gradients for the table's rows
-    are finite this step (its features' output gradients and weights), for
-    the tables of every group in one exchange. One flag for all replicas,
-    so a table is updated everywhere or nowhere."""
-    names, flags = [], []
-    for step, grads in zip(steps, output_grads):
-      for table in step.group.tables:
-        name = table.name
-        parts = [tf.reduce_all(tf.math.is_finite(g)) for f, g in
-                 zip(step.features, grads) if f.table.name == name]
-        parts += [tf.reduce_all(tf.math.is_finite(f.weights)) for f in step.features
-                  if f.table.name == name and f.weights is not None]
-        names.append(name)
-        flags.append(tf.reduce_all(tf.stack(parts)) if parts else tf.constant(True))
-    every = self.comm.gather_flags(tf.cast(tf.stack(flags), tf.int32))
-    finite = tf.equal(tf.reduce_min(every, axis=0), 1)
-    return {name: finite[i] for i, name in enumerate(names)}
 
   def _trackable_children(self, save_type="checkpoint", **kwargs):
     children = super()._trackable_children(save_type, **kwargs)

@@ -20,7 +20,7 @@ LAYERS = (
                      "tfde.feature_column",
                      "tfde.keras_support", "tfde.tpu")),
     ("pipeline", ("tfde.lookup", "tfde.group_step", "tfde.inputs", "tfde.input_checks",
-                  "tfde.routing", "tfde.exchange_kind", "tfde.groups")),
+                  "tfde.routing", "tfde.exchange_kind", "tfde.groups", "tfde.pipeline")),
     ("tables", ("tfde.tables", "tfde.placement", "tfde.initializers", "tfde.planner",
                 "tfde.optimizers", "tfde.hyperparameters")),
     ("ops and communicators", ("tfde.ops", "tfde.comm")),

@@ -1,0 +1,79 @@
+"""An embedding engine's exchange: tables living in one engine
+(TensorFlow's TPU embedding, `tfde.tables.tpu`) are looked up and trained
+by it in one call, and it moves their rows itself. The forward is the
+engine's activations; the backward hands it the output gradients by
+feature, which its update applies (`tfde.groups.EngineGroup`).
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from tfde import group_step
+from tfde import groups
+from tfde.pipeline.exchanges import base
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStep:
+  """One engine's step.
+
+  Attributes:
+    features: the features' `FlatFeature`s, in output order.
+    combiners: each feature's combiner.
+    replica: the replica the lookup runs on (the engine's own: 0).
+    preserved: what the engine keeps from the forward for its update.
+    outputs: the engine's activations, one per feature.
+  """
+  features: list
+  combiners: list
+  replica: int
+  preserved: object
+  outputs: list
+
+
+class Engine(base.Exchange):
+  """Takes the groups of tables that live in an engine."""
+
+  @classmethod
+  def takes(cls, group, choice):
+    del choice
+    return isinstance(group, groups.EngineGroup)
+
+  def fused_ids(self, features):
+    return None
+
+  def variables_read(self, replica):
+    return []
+
+  def refuse_weight_gradients(self, features, wants_gradient):
+    """The engine gives per-id weights no gradient: refuses `features`
+    whose weights (as given, in `source`) a tape watches, by name, rather
+    than return none."""
+    watched = []
+    for feature in features:
+      weights = (feature.source or (None, None))[1]
+      if weights is None:
+        continue
+      values = getattr(weights, "flat_values", getattr(weights, "values", weights))
+      if wants_gradient(values):
+        watched.append(feature.name)
+    if watched:
+      raise ValueError(
+          f"features {sorted(watched)}: a gradient of their per-id weights is "
+          "asked for, but under TPUStrategy the TPU embedding engine gives "
+          "weights no gradient; pass them through tf.stop_gradient or do not "
+          "watch them")
+
+  def forward(self, features, combiners, fused_ids, training):
+    del fused_ids
+    activations, preserved = self.group.engine.activations(features, training)
+    return EngineStep(features=features, combiners=combiners, replica=0,
+                      preserved=preserved, outputs=activations)
+
+  def backward(self, step, grads, for_update):
+    del for_update
+    # Nothing is owned here; the update is the engine's, by feature.
+    return (tf.zeros([0], tf.int64),
+            ([f.name for f in step.features], [f.table.name for f in step.features],
+             list(grads), group_step.Carried(step.preserved)))
