@@ -283,16 +283,10 @@ class ShardedLookup(tf.Module):
         for _, step in pairs:
           grads.append(list(output_grads[start:start + len(step.features)]))
           start += len(step.features)
-        # After every exchange of the forward, on every replica. A TF1
-        # session runs only what its fetches reach: fetching the train op
-        # alone, an owner whose updates need none of the rows it sends back
-        # would skip that exchange, and a peer waiting in it would hang.
-        # (A TF2 function runs all its stateful ops, eager ops run as they
-        # come: there the backward stays free to start before the forward
-        # ends.)
+        # After every exchange of the forward, on every replica, where the
+        # runtime needs it (`Communicator.after_the_forward`).
         with collective_keys.key_space(self._key_space), \
-            tf.control_dependencies(outputs if comm_lib.in_tf1_graph() and
-                                    self.comm.num_replicas > 1 else []):
+            tf.control_dependencies(self.comm.after_the_forward(outputs)):
           return self._backward(pairs, grads, trigger_value, variables or [],
                                 [p[4] for p in prepared])
 

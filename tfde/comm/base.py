@@ -113,6 +113,16 @@ class Communicator(abc.ABC):
     received, _ = self._exchange_counts(tf.tile(flags[None], [self.num_replicas, 1]))
     return received
 
+  def after_the_forward(self, outputs):
+    """What a backward's exchanges must wait for, given the forward's
+    `outputs`: in a TF1 graph at several replicas, the outputs. A TF1
+    session runs only what its fetches reach: fetching the train op
+    alone, an owner whose updates need none of the rows it sends back
+    would skip that exchange, and a peer waiting in it would hang. (A TF2
+    function runs all its stateful ops, eager ops run as they come: there
+    the backward stays free to start before the forward ends.)"""
+    return list(outputs) if in_tf1_graph() and self.num_replicas > 1 else []
+
   @abc.abstractmethod
   def _exchange_counts(self, payload):
     """(payload[j] of every replica, stacked: what replica i sent here is
