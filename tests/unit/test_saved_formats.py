@@ -4,8 +4,9 @@ owners.
 tests/data holds a tf.train.Checkpoint and a .keras model written by the
 code before the table contract (commit a55b608, with
 tests/data/make_legacy_files.py), and what their tables held then
-(legacy_expected.npz): the oracle here is those saved arrays, not the
-current code.
+(legacy_expected.npz); tests/data/5249aa3 the same files written by the
+code before the exchanges became types. The oracle here is those saved
+arrays, not the current code.
 """
 
 import gc
@@ -21,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 import tfde
+import tfde.layers  # noqa: F401  (registers the layer with Keras, as a loader of .keras files must)
 from tests.unit.test_sharded import mirrored
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
@@ -37,8 +39,14 @@ def _load_generator():
 _configs = _load_generator().configs
 
 
-def _expected(prefix):
-  saved = np.load(os.path.join(DATA, "legacy_expected.npz"))
+# Where each format's files lie, and the lookup arguments that wrote its
+# checkpoint: sharded, as the writer's default then, for a55b608's.
+FORMATS = {"a55b608": (DATA, {"auto_replicate_bytes": 0}),
+           "5249aa3": (os.path.join(DATA, "5249aa3"), {})}
+
+
+def _expected(prefix, data=DATA):
+  saved = np.load(os.path.join(data, "legacy_expected.npz"))
   out = {}
   for key in saved.files:
     if key.startswith(prefix + "/") and key.count("/") == 2:
@@ -60,22 +68,25 @@ def _assert_tables(tables, expected):
         np.testing.assert_array_equal(table.full_slot(slot), fields[f"slot_{slot}"])
 
 
+@pytest.mark.parametrize("version", sorted(FORMATS))
 @pytest.mark.parametrize("n", [1, 2])
-def test_legacy_checkpoint_restores(n):
+def test_legacy_checkpoint_restores(n, version):
+  data, lookup_args = FORMATS[version]
   with mirrored(n).scope():
-    # Sharded, as the lookup that wrote it (its default then).
-    lookup = tfde.lookup.ShardedLookup(_configs(), auto_replicate_bytes=0)
+    lookup = tfde.lookup.ShardedLookup(_configs(), **lookup_args)
   tf.train.Checkpoint(lookup=lookup).read(
-      os.path.join(DATA, "legacy_ckpt", "ckpt")).assert_consumed()
-  _assert_tables(lookup.tables, _expected("ckpt"))
+      os.path.join(data, "legacy_ckpt", "ckpt")).assert_consumed()
+  _assert_tables(lookup.tables, _expected("ckpt", data))
   assert lookup.tables["items"].step_value() == 2
 
 
-def test_legacy_keras_model_loads():
-  model = keras.models.load_model(os.path.join(DATA, "legacy_model.keras"))
+@pytest.mark.parametrize("version", sorted(FORMATS))
+def test_legacy_keras_model_loads(version):
+  data, _ = FORMATS[version]
+  model = keras.models.load_model(os.path.join(data, "legacy_model.keras"))
   layer = model.get_layer("embedding")
-  _assert_tables(layer.tables, _expected("keras"))
-  saved = np.load(os.path.join(DATA, "legacy_expected.npz"))
+  _assert_tables(layer.tables, _expected("keras", data))
+  saved = np.load(os.path.join(data, "legacy_expected.npz"))
   x = {"item": tf.constant([[1, 2], [3, 39], [2, 2], [5, 0]]),
        "user": tf.constant([[10**12, 7], [7, 7], [-3, 7], [10**12, 8]], tf.int64)}
   np.testing.assert_allclose(model.predict(x, verbose=0), saved["keras/prediction"],
