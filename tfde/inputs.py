@@ -39,9 +39,8 @@ class FlatFeature:
   source: object = None
 
 
-def describe(feature_name, table_name):
-  # No quotes: graph-mode Assert messages escape them.
-  return f"feature {feature_name} (table {table_name})"
+# How an error names a feature and its table (the tables' checks name them so too).
+describe = checks.describe_feature
 
 
 def string_keys(ids):
@@ -289,8 +288,14 @@ def flat_feature(feature, table, ids, weights, check_ids=True):
   """Stage 0 of one feature (a `FeatureConfig`) of `table` (which checks
   the ids, `Table.check_ids`, unless `check_ids` is false): its ids and
   weights as given, as flat ids, row splits and weights; a sequence
-  feature unpooled (`unpool`)."""
+  feature unpooled (`unpool`). A table whose engine takes the inputs as
+  given (`Table.takes_inputs_as_given`) gets them so, in `source`."""
   name = feature.name
+  if table.takes_inputs_as_given:
+    return FlatFeature(
+        name, table, None, None, None,
+        sequence_length=feature.max_sequence_length if feature.output == "sequence" else None,
+        source=(ids, weights))
   flat_ids, splits, flat_weights = flatten_feature(name, table.name, ids, weights,
                                                    strings=table.is_dynamic,
                                                    check_row_splits=ops.check_row_splits)
@@ -348,9 +353,9 @@ def flat_features(feature_configs, tables, inputs, weights=None, gather_flags=No
   if gather_flags is not None:
     inputs, weights, refused = _refusals_exchanged(feature_configs, tables, inputs,
                                                    weights, gather_flags)
-  # The table's kind says what its lookup takes (flat checked ids for
-  # tfde's exchange; the inputs as given for an engine).
-  flat = [tables[feature.table.name].flat_feature(feature, inputs[name], weights.get(name))
+  # The table says what its lookup takes (flat checked ids for tfde's
+  # exchanges; the inputs as given for an engine).
+  flat = [flat_feature(feature, tables[feature.table.name], inputs[name], weights.get(name))
           for name, feature in feature_configs.items()]
   if refused is not None:
     flat = _others_refused(flat, refused)
@@ -392,7 +397,7 @@ def _refusal(feature, table, ids, weights):
     # ids, of a well-formed input only (a malformed one could fail to
     # flatten, before its replica has told the others).
     def unpooled():
-      flat = table.flat_feature(feature, ids, weights, check_ids=False).ids
+      flat = flat_feature(feature, table, ids, weights, check_ids=False).ids
       return 2 * tf.cast(table.refuses_ids(flat), tf.int32)
     if malformed is None:
       return unpooled()

@@ -38,8 +38,6 @@ ALLOWED = {
     ("tfde.planner.cost", "tfde.routing"),
     ("tfde.planner.search", "tfde.exchange_kind"),
     ("tfde.planner.search", "tfde.routing"),
-    ("tfde.tables.base", "tfde.inputs"),      # tables check ids with stage 0's check
-    ("tfde.tables.tpu", "tfde.inputs"),
     ("tfde.tables.tpu", "tfde.tpu"),          # a table that knows its engine
 }
 

@@ -23,6 +23,16 @@ import tensorflow as tf
 from tfde import tf_internals
 
 
+def describe_feature(feature_name, table_name):
+  """How an error names a feature and its table.
+
+  >>> describe_feature("clicks", "items")
+  'feature clicks (table items)'
+  """
+  # No quotes: graph-mode Assert messages escape them.
+  return f"feature {feature_name} (table {table_name})"
+
+
 def message(parts):
   """The message as a string tensor: strings and string tensors as they
   are, other tensors as their comma-separated elements."""

@@ -47,7 +47,6 @@ import numpy as np
 import tensorflow as tf
 
 from tfde import comm as comm_lib
-from tfde import inputs
 from tfde import ops
 from tfde import optimizers
 from tfde import tf_internals
@@ -278,17 +277,16 @@ class Table(tf.Module):
 
   # ---- the pipeline's side
 
-  def flat_feature(self, feature, ids, weights, check_ids=True):
-    """Stage 0: `feature`'s (a `FeatureConfig` of this table) ids and
-    weights as given, as this table's lookup takes them: an
-    `inputs.FlatFeature` of flat ids, checked (`check_ids`) unless told."""
-    return inputs.flat_feature(feature, self, ids, weights, check_ids)
+  # Whether the lookup hands this table's features to its engine as given
+  # (`tfde.inputs.flat_feature`), not as flat checked ids: an engine's
+  # tables (`tpu.TPUTable`).
+  takes_inputs_as_given = False
 
   def check_ids(self, ids, feature_name):
     """`ids` (int64) of a feature, checked as this table takes them: an
     error naming the feature and table for one it cannot hold."""
     return ops.check_id_range(ids, self.vocabulary_size,
-                              inputs.describe(feature_name, self.name))
+                              checks.describe_feature(feature_name, self.name))
 
   def refuses_ids(self, ids):
     """A bool scalar: whether `check_ids` refuses `ids`, without raising

@@ -42,7 +42,6 @@ import collections
 
 import tensorflow as tf
 
-from tfde import inputs
 from tfde import tf_internals
 from tfde import tpu as tpu_lib
 from tfde.ops import checks
@@ -278,7 +277,7 @@ class TPUTable:
   restore the layer with `tf.train.Checkpoint` (TensorFlow's format, which
   `tfde.tpu.restore_tpu_checkpoint` reads back off TPU).
 
-  Its lookup takes the feature inputs as given (`flat_feature`): tfde's
+  Its lookup takes the feature inputs as given (`takes_inputs_as_given`): tfde's
   flattening and id checks would add dynamic shapes and string ops to the
   TPU program, and XLA compiles assertions away.
 
@@ -310,17 +309,11 @@ class TPUTable:
   def is_dynamic(self):
     return False
 
-  def flat_feature(self, feature, ids, weights, check_ids=True):
-    """Stage 0: the engine takes the inputs as given (`source`), so nothing
-    is added to the TPU program here: tfde's flattening and id checks use
-    dynamic shapes and string ops that a TPU program must send to the host,
-    and XLA compiles their assertions away."""
-    del check_ids
-    return inputs.FlatFeature(
-        feature.name, self, None, None, None,
-        sequence_length=(feature.max_sequence_length if feature.output == "sequence"
-                         else None),
-        source=(ids, weights))
+  # Stage 0 hands the engine the inputs as given (`FlatFeature.source`), so
+  # nothing is added to the TPU program there: tfde's flattening and id
+  # checks use dynamic shapes and string ops that a TPU program must send
+  # to the host, and XLA compiles their assertions away.
+  takes_inputs_as_given = True
 
   def _engine_only(self, *args, **kwargs):
     raise NotImplementedError(
