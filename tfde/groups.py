@@ -257,9 +257,10 @@ class DynamicGroup(TableGroup):
 class EngineGroup(TableGroup):
   """Tables living in one embedding engine (TensorFlow's TPU embedding,
   `tfde.tables.tpu`), which looks them all up and trains them in one call:
-  the engine exchanges their rows itself, so this group's forward is the
-  engine's activations, and its update hands the engine the output
-  gradients (zeros for a table whose step is not finite)."""
+  the engine exchanges their rows itself (its exchange,
+  `tfde.pipeline.exchanges.engine`, is the engine's activations forward),
+  and this group's update hands the engine the output gradients (zeros for
+  a table whose step is not finite)."""
 
   def __init__(self, tables, num_replicas):
     super().__init__(tables, num_replicas)

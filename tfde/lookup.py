@@ -31,10 +31,13 @@ returns `tf.IndexedSlices` gradients for the local shards (SOK style) and
 applies nothing.
 
 Row-wise groups of pooled features exchange partial sums instead where
-that pays (`tfde.exchange_kind`): every id goes to its owner with its
-sample; each owner combines its rows of every sample of the global batch
-from its shard; each replica adds the owners' partial sums. Backward,
-every owner gets every output gradient (`tfde.routing`).
+that pays (`tfde.exchange_kind`'s rule): every id goes to its owner with
+its sample; each owner combines its rows of every sample of the global
+batch from its shard; each replica adds the owners' partial sums.
+Backward, every owner gets every output gradient (`tfde.routing`).
+
+Each way of exchanging is a type (`tfde.pipeline.exchanges`), which the
+policy there (`choose`) gives each group from the configuration.
 """
 
 
@@ -118,7 +121,8 @@ class ShardedLookup(tf.Module):
     exchange: what row-wise groups send between replicas: "auto" (the
       default) each owner's partial sums of every sample where that pays,
       else the rows of each replica's unique ids; "rows" always the rows.
-      `tfde.exchange_kind` says which groups take which; `exchanges()`
+      `tfde.pipeline.exchanges.choose` gives each group its exchange (by
+      `tfde.exchange_kind`'s rule for partial sums); `exchanges()` says
       what each table takes.
 
   `trainable_variables` is a single zero scalar whose gradient is what runs
@@ -336,21 +340,23 @@ class ShardedLookup(tf.Module):
         group_grads = exchange.weights_gradients(step, g, trained)
       weights_grads += group_grads
       previous = group_grads or previous
+    # Outside the chains below: what waits on no exchange (a dedup) may
+    # run as soon as the forward's ids are known.
+    prepared = [exchange.prepare_backward(step) for exchange, step in pairs]
     # The weights' gradients read the rows as the forward combined them,
     # so before this step's update.
     with tf.control_dependencies(weights_grads):
       owned, previous = [], []
-      for (exchange, step), g in zip(pairs, grads):
+      for (exchange, step), ready, g in zip(pairs, prepared, grads):
         # One group's exchanges at a time, in the same order on every
         # replica: exchanges left free to run together would each hold an
         # executor thread while they wait for their peers.
         with tf.control_dependencies(previous):
-          rows, summed = exchange.backward(step, g, self._update.for_update)
+          rows, summed = exchange.backward(step, ready, g, self._update.for_update)
         owned.append((rows, summed))
         previous = [rows] + group_step.tensors_of(summed)
-      with tf.control_dependencies(previous):
-        trigger_grad, variables_grads = self._update.finish(
-            self.comm, pairs, owned, grads, trigger_value, variables)
+      trigger_grad, variables_grads = self._update.finish(
+          self.comm, pairs, owned, grads, trigger_value, variables)
     return [trigger_grad] + weights_grads, variables_grads
 
   def _trackable_children(self, save_type="checkpoint", **kwargs):

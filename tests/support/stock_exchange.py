@@ -35,6 +35,7 @@ class StockOneOwner(exchanges.Exchange):
   """One owner's exchange in stock ops; `forwards` counts its forwards."""
 
   forwards = 0
+  kind = "none"
 
   @classmethod
   def takes(cls, group, choice):
@@ -66,8 +67,8 @@ class StockOneOwner(exchanges.Exchange):
     return StockStep(features=features, combiners=combiners, replica=replica, ids=fused_ids,
                      samples=samples, coefficients=coefficients, outputs=outputs)
 
-  def backward(self, step, grads, for_update):
-    del for_update  # a [rows, width] matrix suits every update
+  def backward(self, step, prepared, grads, for_update):
+    del prepared, for_update  # a [rows, width] matrix suits every update
     per_id = tf.concat([tf.gather(g, s) * c[:, None]
                         for g, s, c in zip(grads, step.samples, step.coefficients)], 0)
     rows, index = tf.unique(step.ids)

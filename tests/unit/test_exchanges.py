@@ -19,7 +19,7 @@ from tfde.pipeline import exchanges
 
 
 def _group(num_replicas, replicated=False, **table_args):
-  config = tfde.TableConfig(name="t", vocabulary_size=64, embedding_dim=4, **table_args)
+  config = tfde.TableConfig(name="t", embedding_dim=4, **{"vocabulary_size": 64, **table_args})
   table = tfde.tables.make_table(config, auto_replicate_bytes=2**20 if replicated else 0)
   group, = groups.make_groups({"t": table}, "auto", num_replicas)
   return group, config
@@ -34,6 +34,8 @@ def _group(num_replicas, replicated=False, **table_args):
     (2, {}, {"input_shape": (32, 1)}, "auto", "DedupedRows"),     # one-hot: rows pay
     (2, {}, {"output": "ragged"}, "auto", "DedupedRows"),
     (2, {"max_norm": 1.0}, {}, "auto", "RenormalizedRows"),
+    (2, {"dtype": "bfloat16"}, {}, "auto", "DedupedRows"),
+    (2, {"vocabulary_size": None}, {}, "auto", "DedupedRows"),          # dynamic
     (2, {"replicated": True}, {}, "auto", "Replicated"),
 ])
 def test_the_policy_gives_each_group_the_exchange_its_configuration_asks(
@@ -44,11 +46,26 @@ def test_the_policy_gives_each_group_the_exchange_its_configuration_asks(
   assert type(chosen).__name__ == expected
 
 
-def test_a_replicated_group_reads_as_one_owner_would():
-  group, config = _group(2, replicated=True, max_norm=2.0)
-  chosen = exchanges.choose(
-      group, exchanges.Choice([tfde.FeatureConfig(name="f", table=config)], 2))
-  assert type(chosen.local).__name__ == "RenormalizedRows"
+@pytest.mark.parametrize("table_args, expected", [
+    ({}, "OneOwner"), ({"max_norm": 2.0}, "RenormalizedRows"),
+    ({"dtype": "bfloat16"}, "DedupedRows")])
+def test_a_replicated_groups_copy_reads_as_at_one_replica(table_args, expected):
+  group, config = _group(2, replicated=True, **table_args)
+  choice = exchanges.Choice([tfde.FeatureConfig(name="f", table=config)], 2)
+  chosen = exchanges.choose(group, choice)
+  assert type(chosen.local).__name__ == expected
+  # Its copies must all apply the same update: one owner alone never takes it.
+  assert not exchanges.OneOwner.takes(group, choice)
+
+
+def test_one_table_with_a_max_norm_renormalises_its_whole_group():
+  tables = {name: tfde.tables.make_table(
+      tfde.TableConfig(name=name, vocabulary_size=16, embedding_dim=4, max_norm=norm),
+      auto_replicate_bytes=0) for name, norm in (("a", None), ("b", 1.0))}
+  group, = groups.make_groups(tables, "auto", 2)
+  features = [tfde.FeatureConfig(name=n, table=t.config) for n, t in tables.items()]
+  assert type(exchanges.choose(group, exchanges.Choice(features, 2))).__name__ == (
+      "RenormalizedRows")
 
 
 def test_a_bad_choice_is_refused_by_name():
@@ -69,6 +86,10 @@ def test_every_step_value_has_only_required_fields():
               if f.default is not dataclasses.MISSING or
               f.default_factory is not dataclasses.MISSING]
   assert not optional
+  missing = [(s.__name__, name) for s in steps for name in exchanges.Exchange.STEP_FIELDS
+             if name not in {f.name for f in dataclasses.fields(s)}]
+  assert not missing
+  assert all(dataclasses.fields(s) and s.__dataclass_params__.frozen for s in steps)
 
 
 def test_a_new_exchange_plugs_in_with_one_line_and_trains_as_numpy_says(monkeypatch):
@@ -111,3 +132,27 @@ def test_a_new_exchange_plugs_in_with_one_line_and_trains_as_numpy_says(monkeypa
       np.testing.assert_allclose(values, expected[name], rtol=1e-5, atol=1e-6)
   # Both groups (one per width), each of three steps.
   assert stock_exchange.StockOneOwner.forwards == 6
+
+
+def test_a_new_exchange_gives_gradient_slices_as_numpy_says(monkeypatch):
+  """The same exchange under the other update (train_in_backward=False):
+  IndexedSlices of the shard variable, nothing applied."""
+  monkeypatch.setattr(exchanges, "EXCHANGES", [stock_exchange.StockOneOwner] + exchanges.EXCHANGES)
+  vocab, dim = 12, 2
+  config = tfde.TableConfig(name="t", vocabulary_size=vocab, embedding_dim=dim,
+                            combiner="sum", initializer="uniform")
+  lookup = tfde.lookup.ShardedLookup({"a": tfde.FeatureConfig(name="a", table=config)},
+                                     train_in_backward=False)
+  ids = [[3, 3, 11], [0], []]
+  before = lookup.table_values()["t"]
+  target = np.random.default_rng(1).normal(size=(3, dim)).astype(np.float32)
+  with tf.GradientTape() as tape:
+    out = lookup({"a": tf.ragged.constant(ids, tf.int64)})
+    loss = tf.reduce_sum(out["a"] * target)
+  grads = tape.gradient(loss, lookup.trainable_variables)
+  np.testing.assert_allclose(out["a"], oracles.combine(before, ids), rtol=1e-5, atol=1e-6)
+  shard_grad, = [g for g in grads[1:] if g is not None]
+  assert isinstance(shard_grad, tf.IndexedSlices)
+  np.testing.assert_allclose(tf.convert_to_tensor(shard_grad),
+                             oracles.combine_grad_dense(vocab, target, ids), rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(lookup.table_values()["t"], before)

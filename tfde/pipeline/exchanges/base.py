@@ -65,11 +65,16 @@ class Exchange:
     choice: the `Choice` it was chosen under.
 
   A subclass says which groups it takes (`takes`), and runs their step:
-  `forward` (stages 1 to 3) returns a step value of its own, whose
-  `outputs` are the features' combined outputs and whose `replica` is the
-  replica it ran on; `weights_gradients` and `backward` take that value
-  back.
+  `forward` (stages 1 to 3) returns a step value of its own, a frozen
+  dataclass of required fields only, among them `features` (the
+  `FlatFeature`s, in output order), `combiners`, `replica` (the replica it
+  ran on) and `outputs` (the features' combined outputs), which the lookup
+  and its update read; `prepare_backward`, `weights_gradients` and
+  `backward` take that value back. `kind` says what travels.
   """
+
+  # The fields every step value has (tests/unit/test_exchanges.py checks).
+  STEP_FIELDS = ("features", "combiners", "replica", "outputs")
 
   def __init__(self, group, comm, choice):
     self.group = group
@@ -84,8 +89,9 @@ class Exchange:
   @property
   def kind(self):
     """What travels between the replicas, as `ShardedLookup.exchanges()`
-    reports it: "rows", "partial sums" or "none"."""
-    return "none"
+    reports it: "rows", "partial sums" or "none" (nothing, or only the
+    gradients). A new exchange says its own."""
+    raise NotImplementedError
 
   def fused_ids(self, features):
     """One id vector for all `features` (their group's fused ids)."""
@@ -124,11 +130,18 @@ class Exchange:
     from, one per id."""
     raise NotImplementedError(f"{type(self).__name__} gives per-id weights no gradient")
 
-  def backward(self, step, grads, for_update):
+  def prepare_backward(self, step):
+    """What `backward` needs of `step` that waits on no exchange (a dedup),
+    built before the backward's chain of exchanges so it may run as soon
+    as the forward's ids are known; given back to `backward`. None here."""
+    del step
+
+  def backward(self, step, prepared, grads, for_update):
     """(rows or ids this replica owns, their gradients summed over every
     replica that read them) from the output gradients `grads` of `step`'s
-    features. `for_update`: they only feed a sparse update, so they may come
-    as it reads them best (`ops.gradients_for_update`); else a matrix."""
+    features (`prepared`: `prepare_backward(step)`). `for_update`: they
+    only feed a sparse update, so they may come as it reads them best
+    (`ops.gradients_for_update`); else a matrix."""
     raise NotImplementedError
 
 

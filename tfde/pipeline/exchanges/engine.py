@@ -35,6 +35,8 @@ class EngineStep:
 class Engine(base.Exchange):
   """Takes the groups of tables that live in an engine."""
 
+  kind = "none"
+
   @classmethod
   def takes(cls, group, choice):
     del choice
@@ -71,8 +73,8 @@ class Engine(base.Exchange):
     return EngineStep(features=features, combiners=combiners, replica=0,
                       preserved=preserved, outputs=activations)
 
-  def backward(self, step, grads, for_update):
-    del for_update
+  def backward(self, step, prepared, grads, for_update):
+    del prepared, for_update
     # Nothing is owned here; the update is the engine's, by feature.
     return (tf.zeros([0], tf.int64),
             ([f.name for f in step.features], [f.table.name for f in step.features],

@@ -46,11 +46,15 @@ class OneOwnerStep:
 
 class OneOwner(base.Exchange):
   """Takes static float32 groups of one shard whose tables keep rows as
-  stored (no max_norm)."""
+  stored (no max_norm), but a replicated group at several replicas, whose
+  copies must apply the same update (`replicated.Replicated`)."""
+
+  kind = "none"
 
   @classmethod
   def takes(cls, group, choice):
-    return group.num_shards == 1 and group.fuses_local and not choice.renormalizes()
+    return (group.num_shards == 1 and group.fuses_local and not choice.renormalizes() and
+            not (group.replicated and choice.num_replicas > 1))
 
   def forward(self, features, combiners, fused_ids, training):
     del training
@@ -74,10 +78,13 @@ class OneOwner(base.Exchange):
         self.group.lookup_local(step.replica, step.ids, None, False), step.features)
     return [rows[i] for i in trained]
 
-  def backward(self, step, grads, for_update):
-    device = self.group.device(step.replica)
+  def prepare_backward(self, step):
     # Deduped in row order where that is cheap, so each table's update
     # walks its rows in address order.
-    unique, inverse = ops.unique_rows(step.ids, self.group.row_space, device)
+    return ops.unique_rows(step.ids, self.group.row_space, self.group.device(step.replica))
+
+  def backward(self, step, prepared, grads, for_update):
+    unique, inverse = prepared
     return base.gradients_at_one_owner(unique, inverse, step.batch,
-                                       base.output_gradient(grads), device, for_update)
+                                       base.output_gradient(grads),
+                                       self.group.device(step.replica), for_update)

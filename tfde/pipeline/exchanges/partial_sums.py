@@ -76,12 +76,15 @@ class PartialSums(base.Exchange):
     rows = base.split_by_feature(per_id, step.features)
     return [rows[i] for i in trained]
 
-  def backward(self, step, grads, for_update):
+  def prepare_backward(self, step):
+    return ops.unique_rows(step.bags.requested, self.group.row_space,
+                           self.group.device(step.replica))
+
+  def backward(self, step, prepared, grads, for_update):
     # The gradient of an owner's partial sums is the global batch's output
     # gradient.
     output_grad = routing.output_gradients_to_owners(self.comm, base.output_gradient(grads),
                                                      step.bags)
-    device = self.group.device(step.replica)
-    unique, inverse = ops.unique_rows(step.bags.requested, self.group.row_space, device)
+    unique, inverse = prepared
     return base.gradients_at_one_owner(unique, inverse, self._batch(step.bags), output_grad,
-                                       device, for_update)
+                                       self.group.device(step.replica), for_update)

@@ -4,6 +4,8 @@ in place), and only the gradients travel: each replica's, all-gathered and
 summed per row in replica order, so every copy applies the same update.
 """
 
+import dataclasses
+
 import tensorflow as tf
 
 from tfde import ops
@@ -14,9 +16,13 @@ from tfde.pipeline.exchanges import rows
 
 
 class Replicated(base.Exchange):
-  """Takes replicated groups at several replicas; reads as the first of
-  `LOCAL` that takes the group would."""
+  """Takes replicated groups at several replicas. A copy reads its rows as
+  the group would at one replica: through the first of `LOCAL` that takes
+  it so (a second, short policy: an exchange added to
+  `tfde.pipeline.exchanges.EXCHANGES` that should also serve replicated
+  tables' reads goes here too)."""
 
+  kind = "none"   # only the gradients travel
   # How a copy reads its rows, in order of preference.
   LOCAL = (one_owner.OneOwner, max_norm.RenormalizedRows, rows.DedupedRows)
 
@@ -26,7 +32,8 @@ class Replicated(base.Exchange):
 
   def __init__(self, group, comm, choice):
     super().__init__(group, comm, choice)
-    self.local = next(e for e in self.LOCAL if e.takes(group, choice))(group, comm, choice)
+    alone = dataclasses.replace(choice, num_replicas=1)
+    self.local = next(e for e in self.LOCAL if e.takes(group, alone))(group, comm, alone)
 
   def forward(self, features, combiners, fused_ids, training):
     return self.local.forward(features, combiners, fused_ids, training)
@@ -34,9 +41,12 @@ class Replicated(base.Exchange):
   def rows_of_ids(self, step, trained):
     return self.local.rows_of_ids(step, trained)
 
-  def backward(self, step, grads, for_update):
+  def prepare_backward(self, step):
+    return self.local.prepare_backward(step)
+
+  def backward(self, step, prepared, grads, for_update):
     del for_update  # the gathered gradients are summed into a matrix
-    owned, summed = self.local.backward(step, grads, for_update=False)
+    owned, summed = self.local.backward(step, prepared, grads, for_update=False)
     device = self.group.device(step.replica)
     every_row = self.comm.all_gather(owned)
     every_grad = self.comm.all_gather(summed)

@@ -123,7 +123,8 @@ class DedupedRows(base.Exchange):
                                              step.num_rows, combiner)
     return self._stored_gradient(step, answer_grad)
 
-  def backward(self, step, grads, for_update):
+  def backward(self, step, prepared, grads, for_update):
+    del prepared
     group = self.group
     return routing.gradients_to_owners(
         self.comm, self.answer_gradients(step, grads), step.routed,
