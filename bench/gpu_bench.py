@@ -264,6 +264,7 @@ def profile(args):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   import tfde  # pylint: disable=g-import-not-at-top
+  from tfde.pipeline import batches  # pylint: disable=g-import-not-at-top
   device = tf.config.list_logical_devices(DEVICE_TYPE)[0].name
   label, work, ids = workloads(args.quick)[-1]
   with tf.device(device):
@@ -271,7 +272,7 @@ def profile(args):
     inputs = {f"f{t}": tf.constant(ids[t]) for t in range(work.tables)}
     group = lookup._groups[0]  # pylint: disable=protected-access
     fused = group.fused_ids(lookup.flatten(inputs))
-    splits, weights, combiner = tfde.group_step.as_one_batch(
+    splits, weights, combiner = batches.as_one_batch(
         lookup.flatten(inputs), ["sum"] * work.tables)
     grad = tf.ones([int(splits.shape[0]) - 1, work.dim])
     unique, inverse, _ = tfde.ops.unique_with_counts(fused)

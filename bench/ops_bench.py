@@ -54,6 +54,7 @@ from workload import timed  # noqa: E402  (bench/ is the script's dir)
 
 import tfde  # noqa: E402
 import tfde.ops  # noqa: E402
+from tfde.pipeline import batches  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The peers' environment (torch CPU, fbgemm-gpu-cpu matched to it): `make peers-env`.
@@ -160,7 +161,7 @@ def profile(work, args):
   group = lookup._groups[0]  # pylint: disable=protected-access
   flat = lookup.flatten(inputs)
   fused = group.fused_ids(flat)
-  splits, weights, combiner = tfde.group_step.as_one_batch(flat, ["sum"] * len(flat))
+  splits, weights, combiner = batches.as_one_batch(flat, ["sum"] * len(flat))
   grad = tf.ones([int(splits.shape[0]) - 1, work.dim])
 
   @tf.function

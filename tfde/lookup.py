@@ -48,13 +48,13 @@ import tensorflow as tf
 
 from tfde import collective_keys
 from tfde import comm as comm_lib
-from tfde import group_step
 from tfde import groups as groups_lib
 from tfde import inputs as inputs_lib
 from tfde import planner as planner_lib
 from tfde import tables as tables_lib
 from tfde import tf_internals
 from tfde import tpu as tpu_lib
+from tfde.pipeline import batches
 from tfde.pipeline import exchanges as exchanges_lib
 from tfde.pipeline import updates as updates_lib
 from tfde.tables import tpu as tpu_tables
@@ -354,7 +354,7 @@ class ShardedLookup(tf.Module):
         with tf.control_dependencies(previous):
           rows, summed = exchange.backward(step, ready, g, self._update.for_update)
         owned.append((rows, summed))
-        previous = [rows] + group_step.tensors_of(summed)
+        previous = [rows] + batches.tensors_of(summed)
       trigger_grad, variables_grads = self._update.finish(
           self.comm, pairs, owned, grads, trigger_value, variables)
     return [trigger_grad] + weights_grads, variables_grads

@@ -156,3 +156,13 @@ def test_a_new_exchange_gives_gradient_slices_as_numpy_says(monkeypatch):
   np.testing.assert_allclose(tf.convert_to_tensor(shard_grad),
                              oracles.combine_grad_dense(vocab, target, ids), rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(lookup.table_values()["t"], before)
+
+
+def test_the_old_name_of_the_batch_helpers_still_imports_and_warns():
+  import sys  # pylint: disable=g-import-not-at-top
+
+  from tfde.pipeline import batches  # pylint: disable=g-import-not-at-top
+  sys.modules.pop("tfde.group_step", None)
+  with pytest.warns(DeprecationWarning, match="use tfde.pipeline.batches"):
+    import tfde.group_step as old  # pylint: disable=g-import-not-at-top
+  assert old.as_one_batch is batches.as_one_batch

@@ -10,9 +10,9 @@ SOK style, `train_in_backward=False`).
 
 import tensorflow as tf
 
-from tfde import group_step
 from tfde import ops
 from tfde import tf_internals
+from tfde.pipeline import batches
 
 
 class Update:
@@ -42,7 +42,7 @@ class ApplyInBackward(Update):
   for_update = True
 
   def finish(self, comm, pairs, owned, grads, trigger_value, variables):
-    previous = [t for rows, summed in owned for t in [rows] + group_step.tensors_of(summed)]
+    previous = [t for rows, summed in owned for t in [rows] + batches.tensors_of(summed)]
     with tf.control_dependencies(previous):
       finite = finite_by_table(comm, pairs, grads)
     # A table that refuses a non-finite step refuses it for the whole
@@ -57,7 +57,7 @@ class ApplyInBackward(Update):
       finite = {name: tf.identity(flag) for name, flag in finite.items()}
       for (exchange, step), (rows, summed) in zip(pairs, owned):
         applied += exchange.group.apply_gradient(
-            step.replica, tf.identity(rows), group_step.map_tensors(tf.identity, summed),
+            step.replica, tf.identity(rows), batches.map_tensors(tf.identity, summed),
             finite)
     # Zero, but computed from the updates' results (new steps), so
     # whatever consumes the trigger's gradient runs them. Not zeros times

@@ -9,8 +9,8 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfde import group_step
 from tfde import groups
+from tfde.pipeline import batches
 from tfde.pipeline.exchanges import base
 
 
@@ -78,4 +78,4 @@ class Engine(base.Exchange):
     # Nothing is owned here; the update is the engine's, by feature.
     return (tf.zeros([0], tf.int64),
             ([f.name for f in step.features], [f.table.name for f in step.features],
-             list(grads), group_step.Carried(step.preserved)))
+             list(grads), batches.Carried(step.preserved)))

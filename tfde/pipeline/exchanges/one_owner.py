@@ -19,8 +19,8 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfde import group_step
 from tfde import ops
+from tfde.pipeline import batches
 from tfde.pipeline.exchanges import base
 
 
@@ -33,7 +33,7 @@ class OneOwnerStep:
     combiners: each feature's combiner.
     replica: this replica.
     ids: the features' fused ids: the local rows of every id, in order.
-    batch: the features as one ragged batch (`group_step.as_one_batch`).
+    batch: the features as one ragged batch (`batches.as_one_batch`).
     outputs: the features' combined outputs.
   """
   features: list
@@ -59,7 +59,7 @@ class OneOwner(base.Exchange):
   def forward(self, features, combiners, fused_ids, training):
     del training
     group, replica = self.group, self.comm.replica_id()
-    batch = group_step.as_one_batch(features, combiners)
+    batch = batches.as_one_batch(features, combiners)
     if ops.types.on_cpu(group.device(replica)):
       # On a CPU each feature reads its own table by its own ids (the fused
       # ids and batch are the backward's). A GPU's op waits on the device

@@ -12,9 +12,9 @@ import dataclasses
 import tensorflow as tf
 
 from tfde import exchange_kind
-from tfde import group_step
 from tfde import ops
 from tfde import routing
+from tfde.pipeline import batches
 from tfde.pipeline.exchanges import base
 
 
@@ -51,7 +51,7 @@ class PartialSums(base.Exchange):
     del training
     group, replica = self.group, self.comm.replica_id()
     bags = routing.route_bags_to_owners(
-        self.comm, fused_ids, group_step.as_one_batch(features, combiners), group.num_shards,
+        self.comm, fused_ids, batches.as_one_batch(features, combiners), group.num_shards,
         group.row_space, stamp=group.step(replica))
     partials = group.combine_local(
         replica, bags.requested, ops.int32_range(tf.size(bags.requested, out_type=tf.int64)),

@@ -17,9 +17,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfde import group_step
 from tfde import ops
 from tfde import routing
+from tfde.pipeline import batches
 from tfde.pipeline.exchanges import base
 
 
@@ -33,7 +33,7 @@ class RowsStep:
     replica: this replica.
     routed: stage 1's result (`tfde.routing.Routed`): what this replica
       serves, where its ids' rows arrive, the exchange's plan.
-    batch: the features as one ragged batch (`group_step.as_one_batch`).
+    batch: the features as one ragged batch (`batches.as_one_batch`).
     num_rows: the rows answered, one per unique id.
     rows: those rows, as combined.
     outputs: the features' combined outputs.
@@ -75,7 +75,7 @@ class DedupedRows(base.Exchange):
                                       base.split_by_feature(routed.answer_index, features),
                                       combiners)]
     return self.step_type(features=features, combiners=combiners, replica=replica,
-                          routed=routed, batch=group_step.as_one_batch(features, combiners),
+                          routed=routed, batch=batches.as_one_batch(features, combiners),
                           num_rows=num_rows, rows=rows, outputs=outputs, **kept)
 
   def _input_dist(self, fused_ids, replica):
