@@ -12,23 +12,15 @@ from tfde.pipeline import exchanges
 
 
 @dataclasses.dataclass(frozen=True)
-class StockStep:
-  """Attributes:
-    features: the features' `FlatFeature`s.
-    combiners: each feature's combiner.
-    replica: this replica.
+class StockStep(exchanges.Step):
+  """Attributes (and `exchanges.Step`'s):
     ids: the fused ids (local rows at one shard).
     samples: each id's sample among its feature's.
     coefficients: each id's factor in its sample's output.
-    outputs: the features' outputs.
   """
-  features: list
-  combiners: list
-  replica: object
   ids: tf.Tensor
   samples: list
   coefficients: list
-  outputs: list
 
 
 class StockOneOwner(exchanges.Exchange):

@@ -17,6 +17,7 @@ one line in `EXCHANGES`, ahead of those it should win over.
 
 from tfde.pipeline.exchanges.base import Choice
 from tfde.pipeline.exchanges.base import Exchange
+from tfde.pipeline.exchanges.base import Step
 from tfde.pipeline.exchanges.engine import Engine
 from tfde.pipeline.exchanges.max_norm import RenormalizedRows
 from tfde.pipeline.exchanges.one_owner import OneOwner
@@ -47,4 +48,4 @@ def choose(group, choice, comm=None):
 
 
 __all__ = ["Choice", "DedupedRows", "EXCHANGES", "Engine", "Exchange", "OneOwner",
-           "PartialSums", "RenormalizedRows", "Replicated", "choose"]
+           "PartialSums", "RenormalizedRows", "Replicated", "Step", "choose"]

@@ -56,6 +56,23 @@ class Choice:
     return any(c.table.max_norm is not None for c in self.configs)
 
 
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """What every exchange's step value holds (each exchange's adds its own
+  fields, all required), which the lookup and its update read.
+
+  Attributes:
+    features: the features' `FlatFeature`s, in output order.
+    combiners: each feature's combiner.
+    replica: the replica it ran on.
+    outputs: the features' combined outputs.
+  """
+  features: list
+  combiners: list
+  replica: object
+  outputs: list
+
+
 class Exchange:
   """One way a group's rows travel between the replicas, forward and back.
 
@@ -65,16 +82,11 @@ class Exchange:
     choice: the `Choice` it was chosen under.
 
   A subclass says which groups it takes (`takes`), and runs their step:
-  `forward` (stages 1 to 3) returns a step value of its own, a frozen
-  dataclass of required fields only, among them `features` (the
-  `FlatFeature`s, in output order), `combiners`, `replica` (the replica it
-  ran on) and `outputs` (the features' combined outputs), which the lookup
-  and its update read; `prepare_backward`, `weights_gradients` and
-  `backward` take that value back. `kind` says what travels.
+  `forward` (stages 1 to 3) returns a step value of its own, a `Step`
+  with its own fields, all required; `prepare_backward`,
+  `weights_gradients` and `backward` take that value back. `kind` says
+  what travels.
   """
-
-  # The fields every step value has (tests/unit/test_exchanges.py checks).
-  STEP_FIELDS = ("features", "combiners", "replica", "outputs")
 
   def __init__(self, group, comm, choice):
     self.group = group

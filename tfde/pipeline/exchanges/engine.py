@@ -15,21 +15,14 @@ from tfde.pipeline.exchanges import base
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineStep:
+class EngineStep(base.Step):
   """One engine's step.
 
   Attributes:
-    features: the features' `FlatFeature`s, in output order.
-    combiners: each feature's combiner.
-    replica: the replica the lookup runs on (the engine's own: 0).
     preserved: what the engine keeps from the forward for its update.
     outputs: the engine's activations, one per feature.
   """
-  features: list
-  combiners: list
-  replica: int
   preserved: object
-  outputs: list
 
 
 class Engine(base.Exchange):

@@ -25,23 +25,15 @@ from tfde.pipeline.exchanges import base
 
 
 @dataclasses.dataclass(frozen=True)
-class OneOwnerStep:
+class OneOwnerStep(base.Step):
   """One group's step at one owner.
 
   Attributes:
-    features: the features' `FlatFeature`s, in output order.
-    combiners: each feature's combiner.
-    replica: this replica.
     ids: the features' fused ids: the local rows of every id, in order.
     batch: the features as one ragged batch (`batches.as_one_batch`).
-    outputs: the features' combined outputs.
   """
-  features: list
-  combiners: list
-  replica: object
   ids: tf.Tensor
   batch: tuple
-  outputs: list
 
 
 class OneOwner(base.Exchange):

@@ -19,22 +19,15 @@ from tfde.pipeline.exchanges import base
 
 
 @dataclasses.dataclass(frozen=True)
-class PartialSumsStep:
+class PartialSumsStep(base.Step):
   """One group's step through the exchange of partial sums.
 
   Attributes:
-    features: the features' `FlatFeature`s, in output order.
-    combiners: each feature's combiner.
-    replica: this replica.
     bags: this owner's rows of every sample of the global batch, as
       routed (`tfde.routing.RoutedBags`).
     outputs: the features' outputs, every owner's partial sums added.
   """
-  features: list
-  combiners: list
-  replica: object
   bags: routing.RoutedBags
-  outputs: list
 
 
 class PartialSums(base.Exchange):

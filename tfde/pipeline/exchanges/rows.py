@@ -24,28 +24,20 @@ from tfde.pipeline.exchanges import base
 
 
 @dataclasses.dataclass(frozen=True)
-class RowsStep:
+class RowsStep(base.Step):
   """One group's step through the exchange of rows.
 
   Attributes:
-    features: the features' `FlatFeature`s, in output order.
-    combiners: each feature's combiner.
-    replica: this replica.
     routed: stage 1's result (`tfde.routing.Routed`): what this replica
       serves, where its ids' rows arrive, the exchange's plan.
     batch: the features as one ragged batch (`batches.as_one_batch`).
     num_rows: the rows answered, one per unique id.
     rows: those rows, as combined.
-    outputs: the features' combined outputs.
   """
-  features: list
-  combiners: list
-  replica: object
   routed: routing.Routed
   batch: tuple
   num_rows: tf.Tensor
   rows: tf.Tensor
-  outputs: list
 
 
 class DedupedRows(base.Exchange):
