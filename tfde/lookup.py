@@ -50,13 +50,13 @@ from tfde import collective_keys
 from tfde import comm as comm_lib
 from tfde import groups as groups_lib
 from tfde import inputs as inputs_lib
-from tfde import planner as planner_lib
 from tfde import tables as tables_lib
 from tfde import tf_internals
 from tfde import tpu as tpu_lib
 from tfde.pipeline import batches
 from tfde.pipeline import exchanges as exchanges_lib
 from tfde.pipeline import updates as updates_lib
+from tfde.planner import layout as plan_layout
 from tfde.tables import tpu as tpu_tables
 
 
@@ -137,7 +137,7 @@ class ShardedLookup(tf.Module):
     if exchange not in ("auto", "rows"):
       raise ValueError(f"exchange must be 'auto' or 'rows', got {exchange!r}")
     self.exchange = exchange
-    self.plan = planner_lib.as_plan(plan)
+    self.plan = plan_layout.as_plan(plan)
     # tfde, tf.tpu.experimental.embedding or keras-rs configs, any nesting.
     feature_configs = tpu_lib.as_feature_configs(feature_configs)
     feature_configs = (list(feature_configs.values())

@@ -9,8 +9,10 @@ import os
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # From the top: the command; the front doors (a user's API turned into
-# feature configs and tables, saving and serving); the pipeline (one
-# lookup per group per step); tables, their optimizers and the planner;
+# feature configs and tables, saving and serving); the planner (its cost
+# model estimates the pipeline's exchanges); the pipeline (one lookup per
+# group per step); tables, their optimizers and the plan they are laid
+# out by;
 # the ops and the communicators that carry the exchanges; and what every
 # layer may use (configs, the id arithmetic). A module's layer is that of its longest listed prefix.
 LAYERS = (
@@ -19,9 +21,10 @@ LAYERS = (
                      "tfde.delta_checkpoint", "tfde.delta_manifest", "tfde.dtensor", "tfde.nn",
                      "tfde.feature_column",
                      "tfde.keras_support", "tfde.tpu")),
+    ("planner", ("tfde.planner",)),
     ("pipeline", ("tfde.lookup", "tfde.group_step", "tfde.inputs", "tfde.input_checks",
                   "tfde.routing", "tfde.exchange_kind", "tfde.groups", "tfde.pipeline")),
-    ("tables", ("tfde.tables", "tfde.placement", "tfde.initializers", "tfde.planner",
+    ("tables", ("tfde.tables", "tfde.placement", "tfde.initializers", "tfde.planner.layout",
                 "tfde.optimizers", "tfde.hyperparameters")),
     ("ops and communicators", ("tfde.ops", "tfde.comm")),
     ("foundations", ("tfde.config", "tfde.sharding", "tfde.collective_keys", "tfde.atomic_files",
@@ -33,11 +36,6 @@ ALLOWED = {
     ("tfde.config", "tfde.initializers"),     # configs build live objects
     ("tfde.config", "tfde.optimizers"),
     ("tfde.lookup", "tfde.tpu"),              # the pipeline asks for the TPU engine
-    ("tfde.planner.cost", "tfde.exchange_kind"),   # the cost model reads the pipeline's
-    ("tfde.planner.cost", "tfde.inputs"),          # choices and sizes
-    ("tfde.planner.cost", "tfde.routing"),
-    ("tfde.planner.search", "tfde.exchange_kind"),
-    ("tfde.planner.search", "tfde.routing"),
     ("tfde.tables.tpu", "tfde.tpu"),          # a table that knows its engine
 }
 
