@@ -62,8 +62,8 @@ def _kill_during_saves(mode, directory, periods):
   other tests changes it). Returns the period.
 
   The delay is counted in periods, not seconds, because one save takes
-  0.1 s alone and 1.5 s for two MultiWorkerMirroredStrategy workers on a
-  slow host: fixed delays all fell before the second save there.
+  0.1 s alone and 0.4 s for two MultiWorkerMirroredStrategy workers (1.5 s
+  on a slow host): fixed delays all fell before the second save there.
   """
   children = _start(mode, directory)
   (chief, chief_output) = children[0]

@@ -55,6 +55,16 @@ class MultiWorkerCommunicator(Communicator):
     self._eager_sites = itertools.count()
 
   def gather_replica_values(self, values_by_replica):
+    if self._local_count == 1 and tf.executing_eagerly():
+      # One collective op, where `strategy.gather` traces a new function
+      # at every call (88 ms each: a checkpoint of a static and a dynamic
+      # table took 1.5 s to save between two workers, 0.3 s so).
+      (value,) = values_by_replica.values()
+      value = tf.convert_to_tensor(value)[None]
+      with tf.device(self._devices[0]):
+        return tf.raw_ops.CollectiveGatherV2(
+            input=value, group_size=self.num_replicas, group_key=self._GROUP_KEY,
+            instance_key=self._instance_key(value), ordering_token=[])
     per_replica = self._strategy.experimental_distribute_values_from_function(
         lambda ctx: tf.convert_to_tensor(
             values_by_replica[ctx.replica_id_in_sync_group])[None])
