@@ -13,7 +13,7 @@ from tfde.pipeline import exchanges
 
 @dataclasses.dataclass(frozen=True)
 class StockStep(exchanges.Step):
-  """Attributes (and `exchanges.Step`'s):
+  """Attributes (besides `exchanges.Step`'s):
     ids: the fused ids (local rows at one shard).
     samples: each id's sample among its feature's.
     coefficients: each id's factor in its sample's output.

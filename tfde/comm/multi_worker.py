@@ -59,9 +59,9 @@ class MultiWorkerCommunicator(Communicator):
       # One collective op, where `strategy.gather` traces a new function
       # at every call (88 ms each: a checkpoint of a static and a dynamic
       # table took 1.5 s to save between two workers, 0.3 s so).
-      (value,) = values_by_replica.values()
+      ((replica, value),) = values_by_replica.items()
       value = tf.convert_to_tensor(value)[None]
-      with tf.device(self._devices[0]):
+      with tf.device(self.replica_device(replica)):
         return tf.raw_ops.CollectiveGatherV2(
             input=value, group_size=self.num_replicas, group_key=self._GROUP_KEY,
             instance_key=self._instance_key(value), ordering_token=[])

@@ -16,11 +16,11 @@ from tfde.pipeline.exchanges import base
 
 @dataclasses.dataclass(frozen=True)
 class EngineStep(base.Step):
-  """One engine's step.
+  """One engine's step: its `outputs` are the engine's activations, one
+  per feature, and its `replica` the engine's own (0).
 
-  Attributes:
+  Attributes (besides `base.Step`'s):
     preserved: what the engine keeps from the forward for its update.
-    outputs: the engine's activations, one per feature.
   """
   preserved: object
 

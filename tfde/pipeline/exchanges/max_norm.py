@@ -24,7 +24,7 @@ from tfde.pipeline.exchanges import rows
 class RenormalizedRowsStep(rows.RowsStep):
   """A `RowsStep` whose rows were renormalised.
 
-  Attributes:
+  Attributes (besides `rows.RowsStep`'s):
     stored_rows: the answered rows as stored.
     row_max_norm: each answered row's table's max_norm (inf for tables
       without one).

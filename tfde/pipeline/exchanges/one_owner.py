@@ -28,7 +28,7 @@ from tfde.pipeline.exchanges import base
 class OneOwnerStep(base.Step):
   """One group's step at one owner.
 
-  Attributes:
+  Attributes (besides `base.Step`'s):
     ids: the features' fused ids: the local rows of every id, in order.
     batch: the features as one ragged batch (`batches.as_one_batch`).
   """

@@ -20,12 +20,12 @@ from tfde.pipeline.exchanges import base
 
 @dataclasses.dataclass(frozen=True)
 class PartialSumsStep(base.Step):
-  """One group's step through the exchange of partial sums.
+  """One group's step through the exchange of partial sums: its `outputs`
+  are every owner's partial sums added.
 
-  Attributes:
+  Attributes (besides `base.Step`'s):
     bags: this owner's rows of every sample of the global batch, as
       routed (`tfde.routing.RoutedBags`).
-    outputs: the features' outputs, every owner's partial sums added.
   """
   bags: routing.RoutedBags
 

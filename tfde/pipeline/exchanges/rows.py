@@ -27,7 +27,7 @@ from tfde.pipeline.exchanges import base
 class RowsStep(base.Step):
   """One group's step through the exchange of rows.
 
-  Attributes:
+  Attributes (besides `base.Step`'s):
     routed: stage 1's result (`tfde.routing.Routed`): what this replica
       serves, where its ids' rows arrive, the exchange's plan.
     batch: the features as one ragged batch (`batches.as_one_batch`).
