@@ -17,6 +17,9 @@ from typing import Sequence
 
 import numpy as np
 
+from tfde import initializer_configs
+from tfde import optimizer_configs
+
 COMBINERS = ("sum", "mean", "sqrtn")
 PLACEMENTS = ("auto", "default_device", "sparsecore")
 
@@ -106,13 +109,19 @@ class TableConfig:
       config dict), or None for keras-rs's default,
       `VarianceScaling(mode="fan_out")` (rows of standard deviation
       1/sqrt(embedding_dim)), or a static table's whole [vocabulary_size,
-      embedding_dim] array. Rows are initialised as a function of (seed,
-      global row), so a table is the same for any replica count.
+      embedding_dim] array. Kept as given (`tfde.initializer_configs.
+      resolve` says what it means, and what else it may be: a TF
+      initializer, SOK's "random", a number). Rows are initialised as a
+      function of (seed, global row), so a table is the same for any
+      replica count.
     optimizer: The table's own sparse optimizer: "sgd", "adagrad",
       "rowwise_adagrad" (static tables, not column-wise), "adam" (lazy),
       "ftrl", a Keras optimizer of those classes, or a
-      `tfde.optimizers.SparseOptimizer`. Applied to touched rows only,
-      inside the backward pass. None means SGD with learning rate 0.01.
+      `tfde.optimizers.SparseOptimizer`, or its config dict. Kept as
+      given (a table builds its optimizer from it; tables given one
+      `SparseOptimizer` share it) and checked here; `optimizer_config()`
+      is its canonical config. Applied to touched rows only, inside the
+      backward pass. None means SGD with learning rate 0.01.
     combiner: How the ids of one sample combine: "mean", "sum" or "sqrtn".
     placement: "auto" shards large tables and replicates small ones,
       "default_device" replicates the table on every replica (data
@@ -218,27 +227,36 @@ class TableConfig:
       raise ValueError(f"{where}: dynamic options need vocabulary_size=None "
                        f"(a dynamic table), got vocabulary_size="
                        f"{self.vocabulary_size}")
-    from tfde import initializers  # pylint: disable=g-import-not-at-top
-    self.initializer = initializers.resolve(self.initializer, self.name,
-                                            self.embedding_dim)
-    if initializers.is_array(self.initializer):
+    # Kept as given; what it means (a Keras initializer) checks it.
+    initializer_configs.resolve(self.initializer, self.name, self.embedding_dim)
+    if initializer_configs.is_array(self.initializer):
       shape = tuple(self.initializer.shape)
       if self.is_dynamic or shape != (self.vocabulary_size, self.embedding_dim):
         raise ValueError(
             f"{where}: an initial array must be the static table's whole "
             f"[vocabulary_size, embedding_dim] = [{self.vocabulary_size}, "
             f"{self.embedding_dim}] rows, got shape {list(shape)}")
-    # Resolving the optimizer validates it (ValueError naming the option).
-    from tfde import optimizers  # pylint: disable=g-import-not-at-top
-    self.optimizer = optimizers.get(self.optimizer, table_name=self.name)
-    if self.is_dynamic and self.optimizer.slot_width is not None:
-      raise ValueError(f"{where}: {self.optimizer.kind!r} keeps one slot value per "
+    # Its canonical config validates it (a ValueError naming the setting).
+    optimizer = self.optimizer_config()
+    if self.is_dynamic and optimizer_configs.slot_width(optimizer) is not None:
+      raise ValueError(f"{where}: {optimizer['kind']!r} keeps one slot value per "
                        "row, and a dynamic table keeps each slot as wide as a row; "
                        "use a static table (vocabulary_size) or another optimizer")
 
   @property
   def is_dynamic(self):
     return self.vocabulary_size is None
+
+  def optimizer_config(self):
+    """The canonical config of `optimizer` (`tfde.optimizer_configs`):
+    what the table's optimizer is built from, read now (a SparseOptimizer
+    given may have changed since).
+
+    >>> TableConfig(name="t", vocabulary_size=10, embedding_dim=4,
+    ...             optimizer="sgd").optimizer_config()
+    {'kind': 'sgd', 'learning_rate': 0.01}
+    """
+    return optimizer_configs.canonical(self.optimizer, self.name)
 
   def column_wise_refusal(self):
     """Why this table cannot be split into column slices (what follows
@@ -257,11 +275,12 @@ class TableConfig:
     if self.max_norm is not None:
       return ("has max_norm: column_wise does not apply (a row's norm spans all "
               "its columns, which no slice holds); use row_wise or table_wise")
-    if self.optimizer.slot_width is not None:
-      return (f"trains with {self.optimizer.kind!r}, which keeps one accumulator "
+    optimizer = self.optimizer_config()
+    if optimizer_configs.slot_width(optimizer) is not None:
+      return (f"trains with {optimizer['kind']!r}, which keeps one accumulator "
               "per whole row: column_wise does not apply (no slice holds a whole "
               "row); use row_wise, table_wise or table_row_wise")
-    if self.optimizer.clipnorm is not None:
+    if optimizer.get("clipnorm") is not None:
       return ("clips gradients by norm (clipnorm): column_wise does not apply (a "
               "row's gradient norm spans all its columns, which no slice holds); "
               "use clipvalue, or row_wise, table_wise or table_row_wise")
@@ -285,8 +304,9 @@ class TableConfig:
         "name": self.name,
         "vocabulary_size": self.vocabulary_size,
         "embedding_dim": self.embedding_dim,
-        "initializer": keras.initializers.serialize(self.initializer),
-        "optimizer": self.optimizer.get_config(),
+        "initializer": keras.initializers.serialize(initializer_configs.resolve(
+            self.initializer, self.name, self.embedding_dim)),
+        "optimizer": self.optimizer_config(),
         "combiner": self.combiner,
         "placement": self.placement,
         "max_ids_per_partition": self.max_ids_per_partition,
@@ -301,8 +321,6 @@ class TableConfig:
   @classmethod
   def from_config(cls, config):
     import keras  # pylint: disable=g-import-not-at-top
-
-    from tfde import optimizers  # pylint: disable=g-import-not-at-top
     config = dict(config)
     initializer = config["initializer"]
     # An initial array serialises as Keras's "__numpy__" (or "__tensor__")
@@ -312,7 +330,6 @@ class TableConfig:
         if isinstance(initializer, dict) and
         initializer.get("class_name") in ("__numpy__", "__tensor__")
         else keras.initializers.deserialize(initializer))
-    config["optimizer"] = optimizers.SparseOptimizer.from_config(config["optimizer"])
     return cls(**config)
 
 

@@ -1,4 +1,5 @@
-"""How table rows start: every translation of an initializer lives here.
+"""How table rows start: the rows drawn for what a config's initializer
+means (`tfde.initializer_configs` translates what a user may pass).
 
 >>> import keras, tensorflow as tf
 >>> from tfde import initializers
@@ -12,14 +13,14 @@
 Static tables draw their rows in chunks of `CHUNK_ROWS` global rows, each
 a function of (seed, chunk) only, so a table is the same whatever its
 replica count (`shard_value`). Dynamic tables draw each row from (seed,
-id) in their kernel, which reproduces a few distributions (`per_id`). The
-doors' own spellings (TF v1 initializers for mxRec, SOK's "random" and
-numbers) become Keras initializers in `resolve`.
+id) in their kernel, which reproduces a few distributions (`per_id`).
+Each takes an initializer as a config keeps it, or the Keras one it means.
 """
 
 import numpy as np
 import tensorflow as tf
 
+from tfde import initializer_configs
 from tfde import sharding
 
 # Rows generated per random draw when initialising: the values of a chunk
@@ -31,75 +32,10 @@ CHUNK_ROWS = 65536
 _TRUNCATED_STDDEV = 0.87962566103423978
 
 
-def default():
-  """keras-rs's default, as its code has it: `VarianceScaling(mode=
-  "fan_out")`, a normal truncated at two deviations whose rows' standard
-  deviation is 1/sqrt(width) (its docstring's TruncatedNormal of that
-  stddev would give 0.88 of it).
-
-  >>> round(float(np.std(default()(shape=(20000, 16)))), 2)
-  0.25
-  """
-  import keras  # pylint: disable=g-import-not-at-top
-  return keras.initializers.VarianceScaling(mode="fan_out")
-
-
-def is_array(initializer):
-  """Whether `initializer` is a table's whole initial value (an array)."""
-  return isinstance(initializer, np.ndarray) or tf.is_tensor(initializer)
-
-
-# TF initializers (v2 classes and v1 function names) that have a Keras
-# twin: the Keras class and the config fields it takes.
-_TF_TO_KERAS = {
-    "Zeros": ("Zeros", ()), "zeros_initializer": ("Zeros", ()),
-    "Ones": ("Ones", ()), "ones_initializer": ("Ones", ()),
-    "Constant": ("Constant", ("value",)), "constant_initializer": ("Constant", ("value",)),
-    "RandomUniform": ("RandomUniform", ("minval", "maxval")),
-    "random_uniform_initializer": ("RandomUniform", ("minval", "maxval")),
-    "RandomNormal": ("RandomNormal", ("mean", "stddev")),
-    "random_normal_initializer": ("RandomNormal", ("mean", "stddev")),
-    "TruncatedNormal": ("TruncatedNormal", ("mean", "stddev")),
-    "truncated_normal_initializer": ("TruncatedNormal", ("mean", "stddev")),
-}
-
-
-def resolve(initializer, table_name, embedding_dim=None):
-  """A Keras initializer from what a user may pass for a table.
-
-  Accepts None (the default, which needs `embedding_dim`), a Keras
-  initializer, its name or config dict, a TF initializer, any callable
-  `f(shape, dtype)`, SOK's
-  "random" (uniform in [-0.05, 0.05]), a number (a constant), or a [V, D]
-  array (kept as is: a static table's whole initial value).
-  """
-  import keras  # pylint: disable=g-import-not-at-top
-  init = keras.initializers
-  if initializer is None:
-    return default()
-  if is_array(initializer):
-    return initializer
-  if isinstance(initializer, init.Initializer):
-    return initializer
-  if isinstance(initializer, (int, float)) and not isinstance(initializer, bool):
-    return init.Constant(float(initializer))
-  if initializer == "random":
-    return init.RandomUniform(-0.05, 0.05)
-  if isinstance(initializer, (str, dict)):
-    try:
-      return init.get(initializer)
-    except ValueError as e:
-      raise ValueError(f"table {table_name!r}: unknown initializer "
-                       f"{initializer!r}") from e
-  kind = type(initializer).__name__
-  if kind in _TF_TO_KERAS and hasattr(initializer, "get_config"):
-    keras_kind, fields = _TF_TO_KERAS[kind]
-    cfg = initializer.get_config()
-    return getattr(init, keras_kind)(**{k: float(np.asarray(cfg[k])) for k in fields})
-  if callable(initializer):
-    return initializer  # drawn for the whole table at once (shard_value)
-  raise ValueError(f"table {table_name!r}: initializer {kind} cannot be used "
-                   "for a table; pass a Keras initializer")
+# Old import paths of what a config checks (`tfde.initializer_configs`).
+default = initializer_configs.default
+is_array = initializer_configs.is_array
+resolve = initializer_configs.resolve
 
 
 def _chunk_values(initializer, chunk, rows, dim, vocabulary_size, seed):
@@ -147,7 +83,7 @@ def shard_value(config, num_shards, shard):
   rows are zero)."""
   vocab, dim = config.vocabulary_size, config.embedding_dim
   per_shard = sharding.rows_per_shard(vocab, num_shards)
-  initializer = config.initializer
+  initializer = resolve(config.initializer, config.name, dim)
   if is_array(initializer):
     full = np.asarray(initializer, np.float32)
     return sharding.shard_table(full, num_shards)[shard]
@@ -180,6 +116,7 @@ def of_width(initializer, dim, table_name):
   """
   import keras  # pylint: disable=g-import-not-at-top
   init = keras.initializers
+  initializer = resolve(initializer, table_name, dim)
   if not (isinstance(initializer, init.VarianceScaling) and initializer.mode == "fan_out"):
     return initializer
   kind, a, b = per_id(initializer, dim, table_name)
@@ -195,6 +132,7 @@ def per_id(initializer, dim, table_name):
   size, which a dynamic table does not have)."""
   import keras  # pylint: disable=g-import-not-at-top
   init = keras.initializers
+  initializer = resolve(initializer, table_name, dim)
   cfg = initializer.get_config() if hasattr(initializer, "get_config") else {}
   if isinstance(initializer, init.Zeros):
     return "zeros", 0.0, 0.0

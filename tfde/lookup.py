@@ -84,7 +84,7 @@ def same_table(a, b):
   """Same storage and training, whatever combiner each feature asks for."""
   def key(c):
     return (c.name, c.vocabulary_size, c.embedding_dim, c.placement,
-            c.optimizer.get_config(), c.seed)
+            c.optimizer_config(), c.seed)
   return key(a) == key(b)
 
 

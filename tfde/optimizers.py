@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tfde import hyperparameters
 from tfde import ops
+from tfde import optimizer_configs
 
 
 class _Hyper(dict):
@@ -69,7 +70,10 @@ class _Hyper(dict):
 class SparseOptimizer:
   """Base class: hyper-parameters, slots, and the row update.
 
-  Subclasses set `kind`, `slot_names`, `defaults` and implement `scalars`.
+  Subclasses set `kind`, take their `slot_names`, `slot_width` and
+  `defaults` from its entry in `tfde.optimizer_configs.KINDS` (which
+  also holds the rules their settings are checked by) and implement
+  `scalars`.
   `learning_rate` may be a float or a Keras LearningRateSchedule, which is
   evaluated at the table's 0-based step count, as Keras does.
 
@@ -95,23 +99,13 @@ class SparseOptimizer:
   defaults = {}
 
   def __init__(self, learning_rate=None, clipnorm=None, clipvalue=None, **hyper):
-    unknown = sorted(set(hyper) - set(self.defaults))
-    if unknown:
-      raise ValueError(f"{type(self).__name__} does not support {unknown}; "
-                       f"supported: learning_rate, clipnorm, clipvalue, "
-                       f"{sorted(self.defaults)}")
+    optimizer_configs.check(self.kind, 0.01 if learning_rate is None else learning_rate,
+                            clipnorm, clipvalue, dict(self.defaults, **hyper))
     self.learning_rate = (self.default_learning_rate
                           if learning_rate is None else learning_rate)
     self.hyper = _Hyper(type(self).__name__, dict(self.defaults, **hyper))
-    for name, value in (("clipnorm", clipnorm), ("clipvalue", clipvalue)):
-      if value is not None and (isinstance(value, bool) or
-                                not isinstance(value, (int, float)) or
-                                not value > 0 or value == float("inf")):
-        raise ValueError(f"{type(self).__name__}: {name} must be None or a "
-                         f"positive finite number, got {value!r}")
     self.clipnorm = None if clipnorm is None else float(clipnorm)
     self.clipvalue = None if clipvalue is None else float(clipvalue)
-    self._validate()
     self.hyper.revalidate = self._validate
 
   @property
@@ -145,15 +139,7 @@ class SparseOptimizer:
 
   def _validate(self):
     hyperparameters.check_all(self)
-
-  def _one_positive(self, *names):
-    """Refuses settings that are all 0 as float32 computes with them: a row
-    whose first gradient is 0 would then step by 0 / 0."""
-    if not any(hyperparameters.as_float32(self.hyper[name]) > 0 for name in names):
-      listed = ", ".join(names[:-1]) + " and " + names[-1]
-      raise ValueError(f"{type(self).__name__}: {listed} are "
-                       f"{'both' if len(names) == 2 else 'all'} 0, so a row whose first "
-                       "gradient is 0 would become NaN; make one of them positive")
+    optimizer_configs.check_together(self.kind, self.hyper)
 
   def slot_initial_value(self, name):
     del name
@@ -310,7 +296,7 @@ class SparseOptimizer:
 class SGD(SparseOptimizer):
   """w -= lr * g on touched rows."""
   kind = "sgd"
-  default_learning_rate = 0.01
+  default_learning_rate = optimizer_configs.KINDS[kind].default_learning_rate
 
   def scalars(self, step):
     return [self.learning_rate_at(step)]
@@ -320,12 +306,8 @@ class Adagrad(SparseOptimizer):
   """Keras Adagrad on touched rows: accumulator += g^2, w -= lr g /
   sqrt(accumulator + epsilon)."""
   kind = "adagrad"
-  slot_names = ("accumulator",)
-  defaults = {"initial_accumulator_value": 0.1, "epsilon": 1e-7}
-
-  def _validate(self):
-    super()._validate()
-    self._one_positive("epsilon", "initial_accumulator_value")
+  slot_names = optimizer_configs.KINDS[kind].slot_names
+  defaults = optimizer_configs.KINDS[kind].defaults
 
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"]
@@ -358,14 +340,10 @@ class RowwiseAdagrad(SparseOptimizer):
   as a row) and TPU embedding (which has no row-wise Adagrad).
   """
   kind = "rowwise_adagrad"
-  slot_names = ("row_accumulator",)
-  slot_width = 1
-  defaults = {"initial_accumulator_value": 0.0, "epsilon": 1e-8}
-  default_learning_rate = 0.01
-
-  def _validate(self):
-    super()._validate()
-    self._one_positive("epsilon", "initial_accumulator_value")
+  slot_names = optimizer_configs.KINDS[kind].slot_names
+  slot_width = optimizer_configs.KINDS[kind].slot_width
+  defaults = optimizer_configs.KINDS[kind].defaults
+  default_learning_rate = optimizer_configs.KINDS[kind].default_learning_rate
 
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"]
@@ -382,9 +360,8 @@ class Adam(SparseOptimizer):
   beta_1^t), as TPU embedding's Adam does (`tfde.tpu` maps one to the
   other)."""
   kind = "adam"
-  slot_names = ("m", "v")
-  defaults = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7,
-              "bias_correction": True}
+  slot_names = optimizer_configs.KINDS[kind].slot_names
+  defaults = optimizer_configs.KINDS[kind].defaults
 
   def scalars(self, step):
     h = self.hyper
@@ -401,16 +378,8 @@ LazyAdam = Adam
 class Ftrl(SparseOptimizer):
   """Keras FTRL on touched rows."""
   kind = "ftrl"
-  slot_names = ("accumulator", "linear")
-  defaults = {"learning_rate_power": -0.5, "initial_accumulator_value": 0.1,
-              "l1_regularization_strength": 0.0,
-              "l2_regularization_strength": 0.0,
-              "l2_shrinkage_regularization_strength": 0.0, "beta": 0.0}
-
-  def _validate(self):
-    super()._validate()
-    # 0 / ((beta + sqrt(0)) / lr + 2 l2) for a zero gradient on a zero accumulator.
-    self._one_positive("initial_accumulator_value", "beta", "l2_regularization_strength")
+  slot_names = optimizer_configs.KINDS[kind].slot_names
+  defaults = optimizer_configs.KINDS[kind].defaults
 
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"] if name == "accumulator" else 0.0
@@ -424,21 +393,6 @@ class Ftrl(SparseOptimizer):
 
 
 _KINDS = {cls.kind: cls for cls in (SGD, Adagrad, RowwiseAdagrad, Adam, Ftrl)}
-
-# Keras optimizer class name -> (tfde class, hyper-parameters carried over).
-_KERAS_MAPPING = {
-    "SGD": (SGD, ()),
-    "Adagrad": (Adagrad, ("initial_accumulator_value", "epsilon")),
-    "Adam": (Adam, ("beta_1", "beta_2", "epsilon")),
-    "Ftrl": (Ftrl, tuple(Ftrl.defaults)),
-}
-# Keras options that change the update and that tfde does not implement:
-# name -> the value that means "off".
-_KERAS_UNSUPPORTED = {
-    "weight_decay": None, "global_clipnorm": None, "use_ema": False, "momentum": 0.0,
-    "nesterov": False, "amsgrad": False, "gradient_accumulation_steps": None,
-    "loss_scale_factor": None,
-}
 
 def all_finite(gradients, comm):
   """Per gradient, whether it is finite on every replica of `comm` (one
@@ -460,62 +414,11 @@ def shard_owner(variable):
   return getattr(variable, OWNER_ATTRIBUTE, None)
 
 
-def _from_keras(optimizer, table_name):
-  name = type(optimizer).__name__
-  if name not in _KERAS_MAPPING:
-    raise ValueError(
-        f"table {table_name!r}: Keras optimizer {name} is not supported for "
-        f"embedding tables; use one of {sorted(_KERAS_MAPPING)} or "
-        f"{sorted(_KINDS)}")
-  config = optimizer.get_config()
-  bad = [k for k, off in _KERAS_UNSUPPORTED.items()
-         if k in config and config[k] not in (off, 0, 0.0, None, False)]
-  if bad:
-    raise ValueError(f"table {table_name!r}: {name} option(s) {bad} are not "
-                     "supported by tfde's sparse optimizers")
-  cls, carried = _KERAS_MAPPING[name]
-  lr = optimizer._learning_rate  # pylint: disable=protected-access
-  import keras  # pylint: disable=g-import-not-at-top
-  if not isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-    lr = float(config["learning_rate"])
-  clipping = {k: config[k] for k in ("clipnorm", "clipvalue")
-              if config.get(k) not in (None, 0, 0.0)}
-  return cls(learning_rate=lr, **clipping,
-             **{k: config[k] for k in carried if k in config})
-
-
-def _naming(table_name, build, *args):
-  """build(*args), its ValueError naming the table."""
-  try:
-    return build(*args)
-  except ValueError as e:
-    if table_name in (None, "?") or str(e).startswith("table "):
-      raise
-    raise ValueError(f"table {table_name!r}: {e}") from None
-
-
 def get(identifier, table_name="?"):
-  """A SparseOptimizer from a name, a Keras optimizer, a config or None."""
-  if identifier is None:
-    return SGD(learning_rate=0.01)
+  """A SparseOptimizer from a name, a Keras optimizer, a config or None
+  (`tfde.optimizer_configs.canonical`); a SparseOptimizer is returned as
+  it is, so that tables given one share it."""
   if isinstance(identifier, SparseOptimizer):
     hyperparameters.check_all(identifier, table_name)
     return identifier
-  if isinstance(identifier, str):
-    key = identifier.lower()
-    key = {"lazy_adam": "adam", "lazyadam": "adam", "row_wise_adagrad": "rowwise_adagrad",
-           "exact_rowwise_adagrad": "rowwise_adagrad"}.get(key, key)
-    if key not in _KINDS:
-      raise ValueError(f"table {table_name!r}: unknown optimizer "
-                       f"{identifier!r}; use one of {sorted(_KINDS)}")
-    return _KINDS[key]()
-  if isinstance(identifier, dict):
-    return _naming(table_name, SparseOptimizer.from_config, identifier)
-  try:
-    import keras  # pylint: disable=g-import-not-at-top
-    if isinstance(identifier, keras.optimizers.Optimizer):
-      return _naming(table_name, _from_keras, identifier, table_name)
-  except ImportError:
-    pass
-  raise ValueError(f"table {table_name!r}: unsupported optimizer "
-                   f"{identifier!r}")
+  return SparseOptimizer.from_config(optimizer_configs.canonical(identifier, table_name))

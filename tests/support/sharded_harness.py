@@ -207,7 +207,7 @@ def replica_loss(outputs, targets):
 def reference_run(configs, initial_tables, batches):
   """Numpy: outputs of the first batch and tables after all batches."""
   tables = {n: np.array(v, np.float64) for n, v in initial_tables.items()}
-  kind = next(iter(configs.values())).table.optimizer.kind
+  kind = next(iter(configs.values())).table.optimizer_config()["kind"]
   opts = {n: numpy_optimizer(kind, t.shape) for n, t in tables.items()}
   first_outputs = None
   for batch in batches:

@@ -128,7 +128,7 @@ def test_rowwise_adagrad_is_refused_for_dynamic_tables_by_name():
   with pytest.raises(ValueError, match="table 'users': 'rowwise_adagrad' keeps one slot "
                                        "value per row, and a dynamic table"):
     table.use_optimizer(tfde.optimizers.RowwiseAdagrad())
-  assert table.optimizer.kind == kind == table.config.optimizer.kind
+  assert table.optimizer.kind == kind == table.config.optimizer_config()["kind"]
 
 
 def test_a_dynamic_store_refuses_a_row_wise_update(op_backend):

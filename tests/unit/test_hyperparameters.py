@@ -119,3 +119,67 @@ def test_an_assignment_that_breaks_a_combined_rule_is_refused_and_undone():
   with pytest.raises(ValueError, match="both 0"):
     opt.hyper["epsilon"] = 0.0
   assert opt.hyper["epsilon"] == 1e-7
+
+
+def _table(optimizer, name="user"):
+  return tfde.TableConfig(name=name, vocabulary_size=8, embedding_dim=2,
+                          optimizer=optimizer)
+
+
+def test_configs_keep_the_optimizer_given_and_build_none(monkeypatch):
+  """A config is data: it keeps what the user passed and checks it without
+  building a tfde optimizer; the table builds one from it."""
+  def refuse(*args, **kwargs):
+    raise AssertionError("a config built a SparseOptimizer")
+  schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+  given = [None, "lazy_adam", {"kind": "ftrl", "beta": 0.5},
+           keras.optimizers.Adagrad(learning_rate=0.05, clipnorm=2.0),
+           keras.optimizers.SGD(learning_rate=schedule)]
+  with monkeypatch.context() as patched:
+    patched.setattr(optimizers.SparseOptimizer, "__init__", refuse)
+    configs = [_table(g) for g in given]
+    canonical = [c.optimizer_config() for c in configs]
+    assert [tfde.TableConfig.from_config(c.get_config()) for c in configs] == configs
+  assert all(c.optimizer is g for c, g in zip(configs, given))
+  # Keras's own defaults and the values given are the oracle.
+  adam, adagrad = keras.optimizers.Adam(), keras.optimizers.Adagrad()
+  assert canonical[0] == {"kind": "sgd", "learning_rate": 0.01}
+  adam_rate = pytest.approx(adam.get_config()["learning_rate"])
+  assert canonical[1] == {"kind": "adam", "learning_rate": adam_rate,
+                          "beta_1": adam.beta_1, "beta_2": adam.beta_2,
+                          "epsilon": adam.epsilon, "bias_correction": True}
+  assert (canonical[2]["kind"], canonical[2]["beta"]) == ("ftrl", 0.5)
+  assert canonical[3] == {"kind": "adagrad", "learning_rate": pytest.approx(0.05),
+                          "initial_accumulator_value": adagrad.initial_accumulator_value,
+                          "epsilon": adagrad.epsilon, "clipnorm": 2.0}
+  assert canonical[4]["learning_rate"]["class_name"] == "ExponentialDecay"
+  built = optimizers.get(configs[4].optimizer)
+  assert float(built.learning_rate(10)) == pytest.approx(0.05)
+
+
+def test_tables_given_one_optimizer_share_it_and_others_build_their_own():
+  shared = optimizers.Adam(learning_rate=0.5)
+  lookup = tfde.lookup.ShardedLookup({
+      "a": tfde.FeatureConfig(name="a", table=_table(shared, "ta")),
+      "b": tfde.FeatureConfig(name="b", table=_table(shared, "tb")),
+      "c": tfde.FeatureConfig(name="c", table=_table("adam", "tc")),
+      "d": tfde.FeatureConfig(name="d", table=_table("adam", "td"))})
+  assert lookup.tables["ta"].optimizer is shared is lookup.tables["tb"].optimizer
+  assert lookup.tables["tc"].optimizer is not lookup.tables["td"].optimizer
+  assert lookup.tables["tc"].optimizer.kind == "adam"
+  # Changed after the configs were made, the shared optimizer is the tables'.
+  shared.learning_rate = 0.25
+  assert lookup.tables["ta"].optimizer.learning_rate == 0.25
+
+
+@pytest.mark.parametrize("optimizer,match", [
+    ({"kind": "bogus"}, "kind must be one of"),
+    ({"learning_rate": 0.1}, "kind must be one of"),
+    ({"kind": "sgd", "learning_rate": {"class_name": "Nope", "config": {}}},
+     "LearningRateSchedule's config"),
+    ({"kind": "sgd", "momentum": 0.9}, r"SGD does not support \['momentum'\]"),
+    (object(), "unsupported optimizer"),
+])
+def test_a_bad_optimizer_config_is_refused_naming_the_table(optimizer, match):
+  with pytest.raises(ValueError, match=rf"table 'user': .*{match}"):
+    _table(optimizer)

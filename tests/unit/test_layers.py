@@ -41,8 +41,10 @@ def test_configs_round_trip_and_share_tables():
       placement="default_device",
       optimizer=keras.optimizers.Adam(learning_rate=0.02, beta_1=0.8))
   assert tfde.layers.TableConfig.from_config(table.get_config()) == table
-  assert table.optimizer.kind == "adam"
-  assert table.optimizer.hyper["beta_1"] == 0.8
+  # The config keeps the Keras optimizer given; its canonical config is tfde's Adam.
+  assert isinstance(table.optimizer, keras.optimizers.Adam)
+  assert table.optimizer_config()["kind"] == "adam"
+  assert table.optimizer_config()["beta_1"] == 0.8
   feature = tfde.layers.FeatureConfig(name="f", table=table, input_shape=(32, 3),
                                       output_shape=(32, 8))
   assert tfde.layers.FeatureConfig.from_config(feature.get_config()) == feature
@@ -56,6 +58,20 @@ def test_configs_round_trip_and_share_tables():
       rows.get_config()).exchange == "rows"
   with pytest.raises(ValueError, match="exchange must be 'auto' or 'rows', got 'pooled'"):
     tfde.layers.DistributedEmbedding({"x": feature}, exchange="pooled")
+
+
+@pytest.mark.parametrize("given,rows", [
+    ("zeros", 0.0), (0.5, 0.5), ("ones", 1.0),
+    (tf.compat.v1.constant_initializer(0.25), 0.25), (keras.initializers.Constant(-2.0), -2.0)],
+    ids=["name", "number", "ones", "tf_v1", "keras"])
+def test_configs_keep_the_initializer_given_and_tables_draw_what_it_means(given, rows):
+  table = tfde.layers.TableConfig(name="t", vocabulary_size=5, embedding_dim=3,
+                                  initializer=given)
+  assert table.initializer is given
+  assert tfde.layers.TableConfig.from_config(table.get_config()) == table
+  layer = tfde.layers.DistributedEmbedding(
+      {"f": tfde.layers.FeatureConfig(name="f", table=table)})
+  np.testing.assert_array_equal(layer.get_embedding_tables()["t"], np.full((5, 3), rows))
 
 
 def test_keras_defaults():

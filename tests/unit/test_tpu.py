@@ -161,7 +161,7 @@ def test_keras_rs_configs_when_installed():
                                                  output_shape=(2, 4))}
   layer = tfde.layers.DistributedEmbedding(features)
   config = layer.tables["movie"].config
-  assert (config.combiner, config.optimizer.kind, config.max_ids_per_partition) == (
+  assert (config.combiner, config.optimizer_config()["kind"], config.max_ids_per_partition) == (
       "sum", "adagrad", 64)
   assert layer({"m": tf.constant([[1, 2, 3], [4, 5, 6]])})["m"].shape == (2, 4)
 

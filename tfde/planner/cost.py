@@ -10,6 +10,7 @@ from typing import Optional
 import numpy as np
 
 from tfde import exchange_kind
+from tfde import optimizer_configs
 from tfde import routing
 from tfde.planner.layout import FLOAT_BYTES
 from tfde.planner.layout import ID_BYTES
@@ -194,9 +195,10 @@ def table_stats(feature_configs, num_replicas, sample_inputs=None, batch_size=No
     raise ValueError(f'exchange must be "auto" or "rows", got {exchange!r}')
   stats = {}
   for name, (config, features) in _table_configs(feature_configs).items():
-    slots = len(config.optimizer.slot_names)
-    if config.optimizer.slot_width is not None:
-      slots *= config.optimizer.slot_width / config.embedding_dim
+    kind = optimizer_configs.KINDS[config.optimizer_config()["kind"]]
+    slots = len(kind.slot_names)
+    if kind.slot_width is not None:
+      slots *= kind.slot_width / config.embedding_dim
     measured = sample_inputs is not None and all(f.name in sample_inputs
                                                  for f in features)
     if measured:

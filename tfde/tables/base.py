@@ -191,7 +191,7 @@ class Table(tf.Module):
     self.config = config
     self.comm = communicator or comm_lib.current()
     tpu_tables.refuse_outside_engine(config, self.comm)
-    self.optimizer = config.optimizer
+    self.optimizer = optimizers.get(config.optimizer, config.name)
     self.steps = {}
     self.skips = {}
     self.lineage = _new_lineage()

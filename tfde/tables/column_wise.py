@@ -89,7 +89,7 @@ class ColumnWiseTable(base.Table):
       slice_config = config_lib.TableConfig(
           name=slice_name(config.name, start, stop),
           vocabulary_size=config.vocabulary_size, embedding_dim=width,
-          initializer="zeros", optimizer=config.optimizer,
+          initializer="zeros", optimizer=self.optimizer,
           combiner=config.combiner, seed=config.seed, nonfinite=config.nonfinite)
       initial = None if whole is None else whole[:, start:stop]
       self.slices.append(table_wise.TableWiseTable(slice_config, owner, self.comm,
@@ -104,11 +104,13 @@ class ColumnWiseTable(base.Table):
 
   @property
   def optimizer(self):
-    return self.config.optimizer if not self.__dict__.get("slices") \
+    return self.__dict__.get("_optimizer") if not self.__dict__.get("slices") \
         else self.slices[0].optimizer
 
   @optimizer.setter
   def optimizer(self, value):
+    # Before the slices are made, kept for them to share.
+    self.__dict__["_optimizer"] = value
     for s in self.__dict__.get("slices", []):
       s.optimizer = value
 

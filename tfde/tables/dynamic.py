@@ -21,6 +21,7 @@ import tensorflow as tf
 from tfde import comm as comm_lib
 from tfde import initializers
 from tfde import ops
+from tfde import optimizers
 from tfde.tables import base
 
 # The whole-table state beyond rows, slots and step: per row its id,
@@ -36,7 +37,7 @@ def dynamic_spec(config):
   """The kernel-level description of a dynamic table's shards."""
   kind, a, b = initializers.per_id(config.initializer, config.embedding_dim,
                                    config.name)
-  optimizer = config.optimizer
+  optimizer = optimizers.get(config.optimizer, config.name)
   return ops.DynamicTableSpec(
       dim=config.embedding_dim,
       slot_initial_values=tuple(float(optimizer.slot_initial_value(s))

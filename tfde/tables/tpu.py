@@ -42,6 +42,7 @@ import collections
 
 import tensorflow as tf
 
+from tfde import optimizers
 from tfde import tf_internals
 from tfde import tpu as tpu_lib
 from tfde.ops import checks
@@ -166,7 +167,7 @@ def sparse_core_config(feature_configs, tpu_feature_configs, table_stacking,
     by_key = collections.defaultdict(list)
     for name in names:
       by_key[(tables[name].embedding_dim,
-              repr(tables[name].optimizer.get_config()))].append(name)
+              repr(tables[name].optimizer_config()))].append(name)
     groups = list(by_key.values())
   stack_of = {name: name for name in names}
   if any(len(g) > 1 for g in groups):
@@ -174,7 +175,7 @@ def sparse_core_config(feature_configs, tpu_feature_configs, table_stacking,
         num_partitions=num_partitions, sparse_cores_per_partition=cores_per_partition,
         disable_table_stacking=False)
     for index, group in enumerate(groups):
-      kinds = {repr(tables[n].optimizer.get_config()) for n in group}
+      kinds = {repr(tables[n].optimizer_config()) for n in group}
       widths = {tables[n].embedding_dim for n in group}
       if len(group) > 1 and (len(kinds) > 1 or len(widths) > 1):
         raise ValueError(f"table_stacking stacks {group}, whose optimizers or "
@@ -295,7 +296,7 @@ class TPUTable:
   def __init__(self, config, engine):
     self.config = config
     self.engine = engine
-    self.optimizer = config.optimizer
+    self.optimizer = optimizers.get(config.optimizer, config.name)
 
   @property
   def name(self):

@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfde import config as config_lib
+from tfde import optimizers as optimizers_lib
 from tfde.tpu.configs import _describe
 from tfde.tpu.configs import to_tpu_feature_configs
 from tfde.tpu.optimizer_mapping import _EMBEDDING
@@ -117,8 +118,9 @@ def read_tpu_checkpoint(path, table_configs, prefix=None):
     layout = layouts.get(config.name)
     source = layout.stacked_table_name if layout is not None else config.name
     wanted = {"table": None}
-    offsets = tpu_slot_offsets(config.optimizer)
-    wanted.update(_tpu_slot_names(config.optimizer, config.name))
+    optimizer = optimizers_lib.get(config.optimizer, config.name)
+    offsets = tpu_slot_offsets(optimizer)
+    wanted.update(_tpu_slot_names(optimizer, config.name))
     state = {}
     for tfde_key, tpu_slot in wanted.items():
       key = _key(prefix, source, tpu_slot)
@@ -129,7 +131,7 @@ def read_tpu_checkpoint(path, table_configs, prefix=None):
             f"(looked for {key!r}; variables found: {found})"
             + ("" if tpu_slot is None else
                f"; was it trained with another optimizer than "
-               f"{config.optimizer.kind!r}?"))
+               f"{optimizer.kind!r}?"))
       value = reader.get_tensor(key)
       if layout is not None:
         value = unshuffle_sparsecore(value, layout)

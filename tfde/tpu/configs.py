@@ -46,7 +46,7 @@ def from_tpu_table_config(tpu_table, name=None):
       source.name, source.vocabulary_size, source.embedding_dim,
       source.combiner) == (tpu_table.name, tpu_table.vocabulary_size,
                            tpu_table.dim, tpu_table.combiner) and (
-          getattr(tpu_table.optimizer, _SOURCE_ATTRIBUTE, None) is source.optimizer):
+          _built_from(tpu_table.optimizer) == source.optimizer_config()):
     return source
   if not isinstance(tpu_table.combiner, str):
     raise ValueError(f"{where}: TPU combiner {type(tpu_table.combiner).__name__} "
@@ -61,6 +61,13 @@ def from_tpu_table_config(tpu_table, name=None):
       embedding_dim=int(tpu_table.dim), initializer=tpu_table.initializer,
       optimizer=from_tpu_optimizer(tpu_table.optimizer, name),
       combiner=tpu_table.combiner)
+
+
+def _built_from(tpu_optimizer):
+  """The config of the tfde optimizer `to_tpu_optimizer` made
+  `tpu_optimizer` from, or None."""
+  source = getattr(tpu_optimizer, _SOURCE_ATTRIBUTE, None)
+  return None if source is None else source.get_config()
 
 
 def _has_sequence_length():
