@@ -227,8 +227,11 @@ class TableConfig:
       raise ValueError(f"{where}: dynamic options need vocabulary_size=None "
                        f"(a dynamic table), got vocabulary_size="
                        f"{self.vocabulary_size}")
-    # Kept as given; what it means (a Keras initializer) checks it.
-    initializer_configs.resolve(self.initializer, self.name, self.embedding_dim)
+    # Kept as given; what it means checks it, and is kept too: a Keras
+    # initializer without a seed draws its seed once, when it is made, so
+    # every shard and table of this config must draw from one.
+    self._keras_initializer = initializer_configs.resolve(
+        self.initializer, self.name, self.embedding_dim)
     if initializer_configs.is_array(self.initializer):
       shape = tuple(self.initializer.shape)
       if self.is_dynamic or shape != (self.vocabulary_size, self.embedding_dim):
@@ -236,8 +239,9 @@ class TableConfig:
             f"{where}: an initial array must be the static table's whole "
             f"[vocabulary_size, embedding_dim] = [{self.vocabulary_size}, "
             f"{self.embedding_dim}] rows, got shape {list(shape)}")
-    # Its canonical config validates it (a ValueError naming the setting).
-    optimizer = self.optimizer_config()
+    # Its canonical config validates it (a ValueError naming the setting);
+    # a schedule is not serialised to be checked.
+    optimizer = optimizer_configs.canonical(self.optimizer, self.name, keep_schedule=True)
     if self.is_dynamic and optimizer_configs.slot_width(optimizer) is not None:
       raise ValueError(f"{where}: {optimizer['kind']!r} keeps one slot value per "
                        "row, and a dynamic table keeps each slot as wide as a row; "
@@ -246,6 +250,16 @@ class TableConfig:
   @property
   def is_dynamic(self):
     return self.vocabulary_size is None
+
+  def keras_initializer(self):
+    """What `initializer` means: a Keras initializer (or the array
+    given), made once per config (`tfde.initializer_configs.resolve`).
+
+    >>> type(TableConfig(name="t", vocabulary_size=10, embedding_dim=4,
+    ...                  initializer="zeros").keras_initializer()).__name__
+    'Zeros'
+    """
+    return self._keras_initializer
 
   def optimizer_config(self):
     """The canonical config of `optimizer` (`tfde.optimizer_configs`):
@@ -304,8 +318,7 @@ class TableConfig:
         "name": self.name,
         "vocabulary_size": self.vocabulary_size,
         "embedding_dim": self.embedding_dim,
-        "initializer": keras.initializers.serialize(initializer_configs.resolve(
-            self.initializer, self.name, self.embedding_dim)),
+        "initializer": keras.initializers.serialize(self.keras_initializer()),
         "optimizer": self.optimizer_config(),
         "combiner": self.combiner,
         "placement": self.placement,

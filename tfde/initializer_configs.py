@@ -15,7 +15,6 @@ become Keras initializers in `resolve`.
 """
 
 import numpy as np
-import tensorflow as tf
 
 
 def default():
@@ -33,6 +32,7 @@ def default():
 
 def is_array(initializer):
   """Whether `initializer` is a table's whole initial value (an array)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   return isinstance(initializer, np.ndarray) or tf.is_tensor(initializer)
 
 

@@ -83,7 +83,7 @@ def shard_value(config, num_shards, shard):
   rows are zero)."""
   vocab, dim = config.vocabulary_size, config.embedding_dim
   per_shard = sharding.rows_per_shard(vocab, num_shards)
-  initializer = resolve(config.initializer, config.name, dim)
+  initializer = config.keras_initializer()
   if is_array(initializer):
     full = np.asarray(initializer, np.float32)
     return sharding.shard_table(full, num_shards)[shard]

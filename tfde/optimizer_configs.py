@@ -125,15 +125,20 @@ def check_together(kind, hyper):
                      "gradient is 0 would become NaN; make one of them positive")
 
 
-def canonical(identifier, table_name="?"):
+def canonical(identifier, table_name="?", keep_schedule=False):
   """The validated config of an optimizer given as None (SGD, learning
   rate 0.01), a kind's name, a config dict, a Keras optimizer or a
   `tfde.optimizers.SparseOptimizer`: {"kind", "learning_rate", every other
-  setting of the kind, and clipnorm / clipvalue when set}. A learning-rate
-  schedule appears serialised (Keras's dict). ValueError naming the table
-  otherwise."""
+  setting of the kind, and clipnorm / clipvalue when set}. ValueError
+  naming the table otherwise.
+
+  A learning-rate schedule (or any callable) appears serialised, Keras's
+  dict, so that configs compare and save as data; with `keep_schedule`
+  it appears as given, for building the optimizer (a schedule class
+  Keras has not registered would not deserialise).
+  """
   try:
-    return _canonical(identifier, table_name)
+    return _canonical(identifier, table_name, keep_schedule)
   except ValueError as e:
     if table_name in (None, "?") or str(e).startswith("table "):
       raise
@@ -145,7 +150,7 @@ def slot_width(config):
   return KINDS[config["kind"]].slot_width
 
 
-def _canonical(identifier, table_name):
+def _canonical(identifier, table_name, keep_schedule):
   if identifier is None:
     return {"kind": "sgd", "learning_rate": 0.01}
   if isinstance(identifier, str):
@@ -154,7 +159,7 @@ def _canonical(identifier, table_name):
     if key not in KINDS:
       raise ValueError(f"table {table_name!r}: unknown optimizer "
                        f"{identifier!r}; use one of {sorted(KINDS)}")
-    return _config(key, None, None, None, {})
+    return _config(key, None, None, None, {}, keep_schedule)
   if isinstance(identifier, dict):
     config = dict(identifier)
     kind = config.pop("kind", None)
@@ -165,13 +170,14 @@ def _canonical(identifier, table_name):
     if isinstance(learning_rate, dict):
       _check_schedule(kind, learning_rate)
     return _config(kind, learning_rate, config.pop("clipnorm", None),
-                   config.pop("clipvalue", None), config)
+                   config.pop("clipvalue", None), config, keep_schedule)
   if _is_keras_optimizer(identifier):
-    return _from_keras(identifier, table_name)
+    return _from_keras(identifier, table_name, keep_schedule)
   # A tfde.optimizers.SparseOptimizer (which this layer cannot import): its
-  # own config, checked again so that the error names the table.
+  # own settings, checked again so that the error names the table.
   if getattr(identifier, "kind", None) in KINDS and hasattr(identifier, "get_config"):
-    return _canonical(identifier.get_config(), table_name)
+    config = dict(identifier.get_config(), learning_rate=identifier.learning_rate)
+    return _canonical(config, table_name, keep_schedule)
   raise ValueError(f"table {table_name!r}: unsupported optimizer "
                    f"{identifier!r}")
 
@@ -188,11 +194,11 @@ def _check_schedule(kind, serialized):
                      f"> 0 or a Keras LearningRateSchedule's config, got {serialized!r}")
 
 
-def _config(kind, learning_rate, clipnorm, clipvalue, hyper):
+def _config(kind, learning_rate, clipnorm, clipvalue, hyper, keep_schedule):
   spec = KINDS[kind]
   if learning_rate is None:
     learning_rate = spec.default_learning_rate
-  if callable(learning_rate):
+  if callable(learning_rate) and not keep_schedule:
     import keras  # pylint: disable=g-import-not-at-top
     learning_rate = keras.optimizers.schedules.serialize(learning_rate)
   check(kind, learning_rate, clipnorm, clipvalue, hyper)
@@ -212,13 +218,22 @@ def _is_keras_optimizer(identifier):
   return isinstance(identifier, keras.optimizers.Optimizer)
 
 
-def _from_keras(optimizer, table_name):
+def _from_keras(optimizer, table_name, keep_schedule):
   name = type(optimizer).__name__
   if name not in KERAS_MAPPING:
     raise ValueError(
         f"table {table_name!r}: Keras optimizer {name} is not supported for "
         f"embedding tables; use one of {sorted(KERAS_MAPPING)} or "
         f"{sorted(KINDS)}")
+  # Keras 3's config holds a schedule's serialisation, not the schedule.
+  learning_rate = optimizer._learning_rate  # pylint: disable=protected-access
+  import keras  # pylint: disable=g-import-not-at-top
+  if (callable(learning_rate) and not isinstance(learning_rate, keras.Variable) and
+      not isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule)):
+    # tfde calls a learning rate with the table's step; Keras calls it bare.
+    raise ValueError(f"table {table_name!r}: {name}'s learning_rate is a function of "
+                     "no arguments; give a keras.optimizers.schedules."
+                     "LearningRateSchedule (called with the step) or a number")
   config = optimizer.get_config()
   bad = [k for k, off in KERAS_UNSUPPORTED.items()
          if k in config and config[k] not in (off, 0, 0.0, None, False)]
@@ -226,12 +241,9 @@ def _from_keras(optimizer, table_name):
     raise ValueError(f"table {table_name!r}: {name} option(s) {bad} are not "
                      "supported by tfde's sparse optimizers")
   kind, carried = KERAS_MAPPING[name]
-  # Keras 3's config holds a schedule's serialisation, not the schedule.
-  learning_rate = optimizer._learning_rate  # pylint: disable=protected-access
-  import keras  # pylint: disable=g-import-not-at-top
   if not isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
     learning_rate = float(config["learning_rate"])
   clipping = [config.get(k) if config.get(k) not in (None, 0, 0.0) else None
               for k in ("clipnorm", "clipvalue")]
   return _config(kind, learning_rate, *clipping,
-                 {k: config[k] for k in carried if k in config})
+                 {k: config[k] for k in carried if k in config}, keep_schedule)

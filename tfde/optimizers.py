@@ -99,8 +99,9 @@ class SparseOptimizer:
   defaults = {}
 
   def __init__(self, learning_rate=None, clipnorm=None, clipvalue=None, **hyper):
-    optimizer_configs.check(self.kind, 0.01 if learning_rate is None else learning_rate,
-                            clipnorm, clipvalue, dict(self.defaults, **hyper))
+    optimizer_configs.check(
+        self.kind, self.default_learning_rate if learning_rate is None else learning_rate,
+        clipnorm, clipvalue, dict(self.defaults, **hyper))
     self.learning_rate = (self.default_learning_rate
                           if learning_rate is None else learning_rate)
     self.hyper = _Hyper(type(self).__name__, dict(self.defaults, **hyper))
@@ -308,6 +309,7 @@ class Adagrad(SparseOptimizer):
   kind = "adagrad"
   slot_names = optimizer_configs.KINDS[kind].slot_names
   defaults = optimizer_configs.KINDS[kind].defaults
+  default_learning_rate = optimizer_configs.KINDS[kind].default_learning_rate
 
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"]
@@ -362,6 +364,7 @@ class Adam(SparseOptimizer):
   kind = "adam"
   slot_names = optimizer_configs.KINDS[kind].slot_names
   defaults = optimizer_configs.KINDS[kind].defaults
+  default_learning_rate = optimizer_configs.KINDS[kind].default_learning_rate
 
   def scalars(self, step):
     h = self.hyper
@@ -380,6 +383,7 @@ class Ftrl(SparseOptimizer):
   kind = "ftrl"
   slot_names = optimizer_configs.KINDS[kind].slot_names
   defaults = optimizer_configs.KINDS[kind].defaults
+  default_learning_rate = optimizer_configs.KINDS[kind].default_learning_rate
 
   def slot_initial_value(self, name):
     return self.hyper["initial_accumulator_value"] if name == "accumulator" else 0.0
@@ -421,4 +425,5 @@ def get(identifier, table_name="?"):
   if isinstance(identifier, SparseOptimizer):
     hyperparameters.check_all(identifier, table_name)
     return identifier
-  return SparseOptimizer.from_config(optimizer_configs.canonical(identifier, table_name))
+  return SparseOptimizer.from_config(
+      optimizer_configs.canonical(identifier, table_name, keep_schedule=True))

@@ -183,3 +183,40 @@ def test_tables_given_one_optimizer_share_it_and_others_build_their_own():
 def test_a_bad_optimizer_config_is_refused_naming_the_table(optimizer, match):
   with pytest.raises(ValueError, match=rf"table 'user': .*{match}"):
     _table(optimizer)
+
+
+class _Halving(keras.optimizers.schedules.LearningRateSchedule):
+  """A user's own schedule, which Keras has not registered: 0.5, 0.25, ..."""
+
+  def __call__(self, step):
+    return 0.5 ** (tf.cast(step, tf.float32) + 1.0)
+
+  def get_config(self):
+    return {}
+
+
+@pytest.mark.parametrize("make", [
+    lambda schedule: optimizers.SGD(learning_rate=schedule),
+    lambda schedule: keras.optimizers.SGD(learning_rate=schedule),
+    lambda schedule: {"kind": "sgd", "learning_rate": schedule},
+], ids=["tfde", "keras", "dict"])
+def test_a_users_own_schedule_trains_the_table(make):
+  schedule = _Halving()
+  table = tfde.TableConfig(name="user", vocabulary_size=4, embedding_dim=2,
+                           initializer="zeros", optimizer=make(schedule))
+  assert table.get_config()["optimizer"]["learning_rate"]["class_name"] == "_Halving"
+  lookup = tfde.lookup.ShardedLookup({"f": tfde.FeatureConfig(name="f", table=table)})
+  assert lookup.tables["user"].optimizer.learning_rate is schedule
+  for _ in range(2):
+    with tf.GradientTape() as tape:
+      out = lookup({"f": tf.ragged.constant([[1]], tf.int64)})
+      loss = tf.reduce_sum(out["f"])
+    tape.gradient(loss, lookup.trainable_variables)
+  # Gradient 1 per element at steps 1 and 2: -(0.5 + 0.25).
+  np.testing.assert_allclose(lookup.tables["user"].state()["table"].numpy(),
+                             [[0, 0], [-0.75, -0.75], [0, 0], [0, 0]])
+
+
+def test_a_keras_learning_rate_function_is_refused_naming_the_table():
+  with pytest.raises(ValueError, match="table 'user': SGD's learning_rate is a function"):
+    _table(keras.optimizers.SGD(learning_rate=lambda: 0.1))

@@ -74,6 +74,23 @@ def test_configs_keep_the_initializer_given_and_tables_draw_what_it_means(given,
   np.testing.assert_array_equal(layer.get_embedding_tables()["t"], np.full((5, 3), rows))
 
 
+@pytest.mark.parametrize("given", ["orthogonal", {"class_name": "RandomNormal",
+                                                   "config": {"seed": None}}])
+def test_a_seedless_initializer_is_drawn_once_for_every_shard(given):
+  """Keras draws a seedless initializer's seed when it is made: the config
+  makes it once, so a table's rows do not depend on how it is sharded."""
+  from tfde import initializers
+  from tfde import sharding
+  table = tfde.layers.TableConfig(name="t", vocabulary_size=7, embedding_dim=3,
+                                  initializer=given)
+  whole = initializers.shard_value(table, 1, 0).numpy()
+  assert np.std(whole) > 0
+  for n in (2, 4):
+    want = sharding.shard_table(whole, n)
+    for shard in range(n):
+      np.testing.assert_array_equal(initializers.shard_value(table, n, shard), want[shard])
+
+
 def test_keras_defaults():
   table = tfde.layers.TableConfig(name="t", vocabulary_size=10, embedding_dim=4)
   assert (table.combiner, table.placement) == ("mean", "auto")

@@ -403,6 +403,25 @@ def test_tpu_checkpoint_restores_onto_any_replica_count(tmp_path, n):
       np.testing.assert_allclose(got[key], want[key], rtol=1e-6, err_msg=(name, key))
 
 
+def test_tpu_checkpoint_offsets_slots_by_the_optimizer_the_table_trains_with(tmp_path):
+  """Adagrad's TPU accumulator holds epsilon more than tfde's: the
+  epsilon of the table's optimizer, changed after its config was made."""
+  table = tfde.TableConfig(name="t", vocabulary_size=6, embedding_dim=2, optimizer="adagrad")
+  configs = {"f": tfde.FeatureConfig(name="f", table=table)}
+  source, target = h.sharded_lookup(configs), h.sharded_lookup(configs)
+  for lookup in (source, target):
+    lookup.tables["t"].optimizer.hyper["epsilon"] = 0.5
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(source({"f": _ragged([[1, 2], [4]])})["f"] ** 2)
+  tape.gradient(loss, source.trainable_variables)
+  path = tfde.tpu.write_tpu_checkpoint(source, str(tmp_path / "ck"))
+  tfde.tpu.restore_tpu_checkpoint(target, path)
+  want = source.tables["t"].state()["slot_accumulator"].numpy()
+  assert np.ptp(want) > 0
+  np.testing.assert_allclose(target.tables["t"].state()["slot_accumulator"], want,
+                             rtol=1e-6)
+
+
 def _sparsecore_checkpoint(path, tables, num_cores, slots):
   """A TPUEmbeddingV2-style checkpoint, written by hand: the tables stacked
   into one variable sharded over `num_cores` SparseCores (row `id` in shard

@@ -35,7 +35,7 @@ REMOVED_IDS = "removed_ids"
 
 def dynamic_spec(config):
   """The kernel-level description of a dynamic table's shards."""
-  kind, a, b = initializers.per_id(config.initializer, config.embedding_dim,
+  kind, a, b = initializers.per_id(config.keras_initializer(), config.embedding_dim,
                                    config.name)
   optimizer = optimizers.get(config.optimizer, config.name)
   return ops.DynamicTableSpec(

@@ -220,8 +220,13 @@ class TPUEngine(tf.Module):
       self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False,
                                     name="tpu_engine_iterations")
     self.feature_configs = {f.name: f for f in feature_configs}
+    # One optimizer per table, the engine's update and its `TPUTable`'s.
+    self.optimizers = {}
+    for f in feature_configs:
+      if f.table.name not in self.optimizers:
+        self.optimizers[f.table.name] = optimizers.get(f.table.optimizer, f.table.name)
     self.tpu_feature_configs = tpu_lib.to_tpu_feature_configs(
-        self.feature_configs, iterations=self.iterations)
+        self.feature_configs, iterations=self.iterations, optimizers=self.optimizers)
     self.sparse_core_config = None
     if self.kind == "sparsecore":
       self.sparse_core_config = sparse_core_config(
@@ -296,7 +301,7 @@ class TPUTable:
   def __init__(self, config, engine):
     self.config = config
     self.engine = engine
-    self.optimizer = optimizers.get(config.optimizer, config.name)
+    self.optimizer = engine.optimizers[config.name]
 
   @property
   def name(self):

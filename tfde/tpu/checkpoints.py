@@ -98,11 +98,15 @@ def unshuffle_sparsecore(stacked, layout):
   return rows[:vocab, :dim]
 
 
-def read_tpu_checkpoint(path, table_configs, prefix=None):
+def read_tpu_checkpoint(path, table_configs, prefix=None, optimizers=None):
   """table name -> {"table": [V, D], tfde slot name: [V, D]} from a TPU
   embedding checkpoint, for tfde `TableConfig`s (their optimizers say
   which slots, and how TPU's differ). A ValueError naming the table for a
-  missing table or slot, or a shape that differs."""
+  missing table or slot, or a shape that differs.
+
+  `optimizers`: table name -> the `SparseOptimizer` a table trains with
+  (its settings may have changed since its config was made); by default
+  each built from its config."""
   reader = tf.train.load_checkpoint(path)
   names = set(reader.get_variable_to_shape_map())
   layouts = _sparsecore_layouts(reader, names)
@@ -118,7 +122,8 @@ def read_tpu_checkpoint(path, table_configs, prefix=None):
     layout = layouts.get(config.name)
     source = layout.stacked_table_name if layout is not None else config.name
     wanted = {"table": None}
-    optimizer = optimizers_lib.get(config.optimizer, config.name)
+    optimizer = (optimizers or {}).get(config.name) or optimizers_lib.get(
+        config.optimizer, config.name)
     offsets = tpu_slot_offsets(optimizer)
     wanted.update(_tpu_slot_names(optimizer, config.name))
     state = {}
@@ -163,7 +168,8 @@ def restore_tpu_checkpoint(layer_or_lookup, path, prefix=None, step=0):
   """
   lookup = _lookup_of(layer_or_lookup)
   tables = lookup.tables
-  values = read_tpu_checkpoint(path, [t.config for t in tables.values()], prefix)
+  values = read_tpu_checkpoint(path, [t.config for t in tables.values()], prefix,
+                               {name: t.optimizer for name, t in tables.items()})
   states = {}
   for name, table in tables.items():
     state = {"table": values[name]["table"],

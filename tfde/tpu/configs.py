@@ -14,21 +14,25 @@ from tfde.tpu.optimizer_mapping import from_tpu_optimizer
 from tfde.tpu.optimizer_mapping import to_tpu_optimizer
 
 
-def to_tpu_table_config(table, iterations=None):
+def to_tpu_table_config(table, iterations=None, optimizer=None):
   """A `tf.tpu.experimental.embedding.TableConfig` for a static tfde
-  `TableConfig` (see `to_tpu_optimizer` for `iterations`)."""
+  `TableConfig` (see `to_tpu_optimizer` for `iterations`). `optimizer`:
+  the `SparseOptimizer` the table trains with, by default built from its
+  config."""
   if table.is_dynamic:
     raise ValueError(f"table {table.name!r} is dynamic (vocabulary_size=None); "
                      "TPU embedding tables have a fixed vocabulary")
   # TPU embedding pads the width it calls the initializer with.
-  initializer = initializers.of_width(table.initializer, table.embedding_dim, table.name)
+  initializer = initializers.of_width(table.keras_initializer(), table.embedding_dim,
+                                      table.name)
   if initializers.is_array(initializer):
     value = np.asarray(initializer, np.float32)
     initializer = lambda shape, dtype=tf.float32, **_: tf.constant(value, dtype)
   tpu_table = _EMBEDDING.TableConfig(
       vocabulary_size=table.vocabulary_size, dim=table.embedding_dim,
       initializer=initializer,
-      optimizer=to_tpu_optimizer(table.optimizer, table.name, iterations),
+      optimizer=to_tpu_optimizer(table.optimizer if optimizer is None else optimizer,
+                                 table.name, iterations),
       combiner=table.combiner, name=table.name)
   # tfde's fields TPU has no place for (seed, placement, partition hints,
   # nonfinite) come back with the table (`from_tpu_table_config`).
@@ -75,14 +79,15 @@ def _has_sequence_length():
       f.name for f in config_lib.dataclasses.fields(config_lib.FeatureConfig)}
 
 
-def to_tpu_feature_configs(feature_configs, iterations=None):
+def to_tpu_feature_configs(feature_configs, iterations=None, optimizers=None):
   """tfde `FeatureConfig`s (any nested structure) as
   `tf.tpu.experimental.embedding.FeatureConfig`s in the same structure;
   features sharing a table share its TPU `TableConfig`.
 
   An output_shape loses its last entry (TPU's omits the width);
   `max_sequence_length` None is TPU's 0. See `to_tpu_optimizer` for
-  `iterations`.
+  `iterations`. `optimizers`: table name -> the `SparseOptimizer` it
+  trains with (by default each built from its config).
   """
   tables = {}
 
@@ -99,7 +104,8 @@ def to_tpu_feature_configs(feature_configs, iterations=None):
       raise ValueError(f"table {table.name!r}: max_norm has no TPU embedding "
                        "form")
     if table.name not in tables:
-      tables[table.name] = to_tpu_table_config(table, iterations)
+      tables[table.name] = to_tpu_table_config(
+          table, iterations, (optimizers or {}).get(table.name))
     output_shape = (None if feature.output_shape is None
                     else list(feature.output_shape[:-1]))
     return _EMBEDDING.FeatureConfig(
