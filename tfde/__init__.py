@@ -25,7 +25,10 @@ __version__ = "0.1.0"
 # The submodules `import tfde` used to load, now loaded on first use.
 _SUBMODULES = ("checkpoint", "comm", "config", "feature_column", "initializers",
                "keras_support", "layers", "lookup", "nn", "ops", "optimizers",
-               "placement", "planner", "serving", "sharding", "tables", "tpu")
+               "placement", "planner", "saving", "serving", "sharding", "tables", "tpu")
+# Submodules that moved, still answering by their old attribute names.
+_MOVED = {"checkpoint": "saving.checkpoint", "delta_checkpoint": "saving.delta_checkpoint",
+          "delta_manifest": "saving.delta_manifest", "serving": "saving.serving"}
 # {name: the submodule that defines it}
 _NAMES = {"DynamicConfig": "config", "FeatureConfig": "config", "TableConfig": "config",
           "export_for_serving": "serving"}
@@ -43,10 +46,12 @@ def _is_submodule(name):
 def __getattr__(name):
   if name in _NAMES:
     value = getattr(__getattr__(_NAMES[name]), name)
-  elif name in _SUBMODULES or _is_submodule(name):
+  elif name in _SUBMODULES or name in _MOVED or _is_submodule(name):
     from tfde import tf_version  # pylint: disable=g-import-not-at-top
     tf_version.check_tensorflow()
-    if name == "layers":
+    if name in _MOVED:
+      value = importlib.import_module(f"{__name__}.{_MOVED[name]}")
+    elif name == "layers":
       # Without Keras 3, a stand-in whose every use says what is needed.
       value = importlib.import_module(f"{__name__}.keras_support").import_layers()
     else:

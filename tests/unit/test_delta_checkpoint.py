@@ -19,7 +19,7 @@ from tests.unit import test_checkpoint
 from tests.unit import test_dynamic_tables as dyn
 from tests.unit.test_sharded import distribute
 from tests.unit.test_sharded import mirrored
-from tfde import delta_checkpoint
+from tfde.saving import delta_checkpoint
 
 STEPS = 5
 
@@ -165,7 +165,7 @@ def test_broken_links_are_named_and_the_last_complete_state_restored(
   data = [n for n in links[3]["files"] if ".data-" in n][0]
   _corrupt(os.path.join(tmp_path, data))
   os.remove(os.path.join(tmp_path, links[2]["prefix"] + ".index"))
-  with caplog.at_level(logging.WARNING, logger="tfde.delta_checkpoint"):
+  with caplog.at_level(logging.WARNING, logger="tfde.saving.delta_checkpoint"):
     restored, counter, _, path = _restore_into(mirrored(1), tmp_path)
   messages = " ".join(r.getMessage() for r in caplog.records)
   assert f"{links[3]['prefix']} (full) is unusable: its file {data} fails its CRC-32" \
@@ -181,7 +181,7 @@ def test_corrupted_delta_rows_fall_back(tmp_path, caplog, static_run):
   saved = static_run.saved
   last = static_run.copy_to(tmp_path).links()[-1]
   _corrupt(os.path.join(tmp_path, last["prefix"] + ".tables.npz"))
-  with caplog.at_level(logging.WARNING, logger="tfde.delta_checkpoint"):
+  with caplog.at_level(logging.WARNING, logger="tfde.saving.delta_checkpoint"):
     restored, _, again, path = _restore_into(mirrored(2), tmp_path)
   assert "ckpt-5.tables.npz fails its CRC-32 check" in caplog.text
   assert path.endswith("ckpt-4")

@@ -5,6 +5,9 @@ so that the list is mended when the code is."""
 
 import ast
 import os
+import subprocess
+import sys
+import textwrap
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -17,8 +20,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # layer may use (configs, the id arithmetic). A module's layer is that of its longest listed prefix.
 LAYERS = (
     ("command", ("tfde.app", "tfde_cli")),
-    ("front doors", ("tfde.layers", "tfde.compat", "tfde.serving", "tfde.checkpoint",
-                     "tfde.delta_checkpoint", "tfde.delta_manifest", "tfde.dtensor", "tfde.nn",
+    ("front doors", ("tfde.layers", "tfde.compat", "tfde.saving", "tfde.dtensor", "tfde.nn",
+                     # the saving modules' old paths (aliases, for one release)
+                     "tfde.serving", "tfde.checkpoint", "tfde.delta_checkpoint",
+                     "tfde.delta_manifest",
                      "tfde.feature_column",
                      "tfde.keras_support", "tfde.tpu")),
     ("planner", ("tfde.planner",)),
@@ -115,3 +120,35 @@ def test_no_import_goes_up_a_layer_but_the_listed_ones():
                    f"facade `tfde` from inside it: {new}")
   mended = sorted(ALLOWED - found)
   assert not mended, f"listed in ALLOWED but gone (delete them from the list): {mended}"
+
+
+def test_the_saving_modules_answer_by_their_old_paths():
+  """tfde/saving/ holds what moved; each old path answers for one release:
+  the attribute silently, an import of the old module path with a
+  DeprecationWarning naming the new one. In a fresh process, where no test
+  has imported either yet."""
+  code = textwrap.dedent("""
+      import warnings
+      import tfde
+      from tfde.saving import checkpoint, delta_checkpoint, delta_manifest, serving
+      with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tfde.checkpoint is checkpoint and tfde.serving is serving
+        assert tfde.delta_checkpoint is delta_checkpoint
+        assert tfde.delta_manifest is delta_manifest
+        assert tfde.export_for_serving is serving.export_for_serving
+      with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from tfde.checkpoint import warm_start
+        import tfde.serving as old_serving
+        from tfde import delta_manifest as old_manifest
+      assert warm_start is checkpoint.warm_start and old_serving is serving
+      assert old_manifest is delta_manifest
+      print(sorted(str(w.message) for w in caught if w.category is DeprecationWarning))
+      """)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=REPO, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.strip() == str([
+      f"tfde.{m} moved to tfde.saving.{m}; import it from there (the old path goes "
+      "in the next release)" for m in ("checkpoint", "serving")])

@@ -312,7 +312,7 @@ def test_serve_takes_int32_and_int64_ids_mixed_across_features(tmp_path):
 def test_the_mixes_traced_are_bounded():
   """2**k mixes for k <= MAX_MIXED_ID_INPUTS id inputs (the example's own
   is traced apart), else all int32 and all int64."""
-  from tfde import serving  # pylint: disable=g-import-not-at-top
+  from tfde.saving import serving  # pylint: disable=g-import-not-at-top
   def signature(k):
     return {f"f{i}": tf.TensorSpec([None, 2], tf.int64, name=f"f{i}") for i in range(k)}
   k = serving.MAX_MIXED_ID_INPUTS

@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-from tfde import serving  # pylint: disable=g-import-not-at-top
+from tfde.saving import serving  # pylint: disable=g-import-not-at-top
 
 
 def main(pristine, scratch, target, delta):
