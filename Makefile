@@ -130,9 +130,10 @@ docs: docs-env
 lint: env
 	$(VENV)/bin/ruff check tfde tests bench tools tfde_cli.py setup.py conftest.py
 
-## test-main: the main suite (every kind of test but the lanes), two workers
+## test-main: the main suite (every kind of test but the lanes), two workers; each case's time in build/test-results/main.xml
 test-main: ops hvd-env peers-env
-	$(SUITE_ENV) $(PYTEST) tests tfde --doctest-modules $(XDIST_ARGS) --durations=15 $(PYTEST_ARGS)
+	$(SUITE_ENV) $(PYTEST) tests tfde --doctest-modules $(XDIST_ARGS) --durations=15 \
+	    --junitxml=build/test-results/main.xml $(PYTEST_ARGS)
 
 ## test-unit: the single-process tests and the doctests
 test-unit: ops

@@ -43,8 +43,8 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from tfde.saving import delta_manifest
 from tfde import tf_internals
+from tfde.saving import delta_manifest
 from tfde.tables import base as tables_base
 from tfde.tables import restore_checks
 
