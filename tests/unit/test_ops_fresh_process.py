@@ -93,27 +93,57 @@ def _run_in_fresh_process(backend, calls, memory_headroom_gib=None):
   proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                         text=True, timeout=600, cwd=_REPO_ROOT)
   if proc.returncode < 0:
-    pytest.fail(f"the process died of {signal.Signals(-proc.returncode).name} after "
-                f"{proc.stdout.count(chr(10))} of {len(calls)} calls:\n{proc.stderr[-3000:]}")
+    done = sum(l.startswith(("RESULT", "RAISED")) for l in proc.stdout.splitlines())
+    pytest.fail(f"the process died of {signal.Signals(-proc.returncode).name} in call "
+                f"{done + 1} of {len(calls)}, {calls[done]}:\n{proc.stderr[-3000:]}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = [l for l in proc.stdout.splitlines() if l.startswith(("RESULT", "RAISED"))]
   assert len(lines) == len(calls), proc.stdout
   return lines
 
 
+# The calls that crashed, all evaluated in one fresh process per backend
+# (each start costs about 7 s of CPU); each test reads its own lines. The
+# limit leaves 4 GiB: past it an allocation fails at once.
+_COMBINE_GRAD = ("tfde.ops.embedding_combine_grad(tf.ones([2, 4]), tf.constant([0, 1]), "
+                 "tf.constant([0, 1, 2], tf.int64), None, 10**9)")
+_PARTITION = "tfde.ops.partition_by_shard(tf.constant([1, 2], tf.int64), 2**31 - 1)"
+_WIDE_ROWS = ("tfde.ops.dynamic_store(tfde.ops.DynamicTableSpec(dim=2**24), 'wide').lookup("
+              "tf.constant([5], tf.int64), tf.constant([1], tf.int64), 1, insert=True)[0]")
+
+
+def _other_dtype_calls(dtype):
+  table = f"tf.Variable(tf.ones([4, 4], tf.{dtype}))"
+  return [f"tfde.ops.gather_from_tables([{table}], tf.constant([0], tf.int64), [0])",
+          f"tfde.ops.combine_from_tables([{table}], tf.constant([0], tf.int64), [0], "
+          "tf.constant([0]), tf.constant([0, 1], tf.int64))",
+          f"tfde.ops.sparse_apply_sgd({table}, tf.constant([0]), tf.ones([1, 4]), 0.1)"]
+
+
+_CRASHED_CALLS = ([_COMBINE_GRAD, _PARTITION, _WIDE_ROWS] + _other_dtype_calls("int32") +
+                  _other_dtype_calls("float64"))
+_RESULTS = {}
+
+
+def _results_of(backend, calls):
+  """The lines of `calls` (from `_CRASHED_CALLS`) on `backend`, from the
+  one fresh process that evaluates them all."""
+  if backend not in _RESULTS:
+    _RESULTS[backend] = dict(zip(_CRASHED_CALLS, _run_in_fresh_process(
+        backend, _CRASHED_CALLS, memory_headroom_gib=4)))
+  return [_RESULTS[backend][call] for call in calls]
+
+
 def test_combine_grad_of_more_rows_than_memory_is_an_error(op_backend):
   """10**9 gradient rows (16 GB) past the limit: ResourceExhausted. (The
   kernel's scratch was a std::vector of num_unique entries, whose bad_alloc
   ended the process.)"""
-  call = ("tfde.ops.embedding_combine_grad(tf.ones([2, 4]), tf.constant([0, 1]), "
-          "tf.constant([0, 1, 2], tf.int64), None, 10**9)")
-  [line] = _run_in_fresh_process(op_backend, [call], memory_headroom_gib=4)
+  [line] = _results_of(op_backend, [_COMBINE_GRAD])
   assert line.startswith("RAISED ResourceExhaustedError"), line
 
 
 def test_partition_into_more_shards_than_memory_is_an_error(op_backend):
-  call = "tfde.ops.partition_by_shard(tf.constant([1, 2], tf.int64), 2**31 - 1)"
-  [line] = _run_in_fresh_process(op_backend, [call], memory_headroom_gib=4)
+  [line] = _results_of(op_backend, [_PARTITION])
   assert line.startswith("RAISED ResourceExhaustedError"), line
 
 
@@ -121,9 +151,7 @@ def test_dynamic_table_of_very_wide_rows(op_backend):
   """Rows of 2**24 floats (64 MiB): the kernel's row store allocated 4096
   rows at a time (256 GiB here) and its bad_alloc ended the process; now a
   block holds as many rows as fit 64 MiB, at least one."""
-  call = ("tfde.ops.dynamic_store(tfde.ops.DynamicTableSpec(dim=2**24), 'wide').lookup("
-          "tf.constant([5], tf.int64), tf.constant([1], tf.int64), 1, insert=True)[0]")
-  [line] = _run_in_fresh_process(op_backend, [call], memory_headroom_gib=4)
+  [line] = _results_of(op_backend, [_WIDE_ROWS])
   assert line == f"RESULT (1, {2**24})"
 
 
@@ -131,12 +159,7 @@ def test_dynamic_table_of_very_wide_rows(op_backend):
 def test_tables_of_another_dtype_are_refused(op_backend, dtype):
   """A table must be a float32 matrix on both backends. (The twin of the
   gather read an int32 table as float32, and TensorFlow aborted.)"""
-  table = f"tf.Variable(tf.ones([4, 4], tf.{dtype}))"
-  calls = [f"tfde.ops.gather_from_tables([{table}], tf.constant([0], tf.int64), [0])",
-           f"tfde.ops.combine_from_tables([{table}], tf.constant([0], tf.int64), [0], "
-           "tf.constant([0]), tf.constant([0, 1], tf.int64))",
-           f"tfde.ops.sparse_apply_sgd({table}, tf.constant([0]), tf.ones([1, 4]), 0.1)"]
-  for line in _run_in_fresh_process(op_backend, calls):
+  for line in _results_of(op_backend, _other_dtype_calls(dtype)):
     assert line.startswith("RAISED InvalidArgumentError"), line
     assert f"must be a float32 matrix, got {dtype} [4,4]" in line, line
 
