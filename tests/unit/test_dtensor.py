@@ -44,9 +44,22 @@ def run_worker(module, *args, timeout=600):
           if line.startswith("{")]
 
 
+@pytest.fixture(scope="module")
+def worker_reports(tmp_path_factory):
+  """One child process for every test below (each start costs seconds):
+  the layout, checkpoint and tutorial reports, then one per training case."""
+  return run_worker("tests.workers.dtensor_worker", "layout-and-checkpoint",
+                    str(tmp_path_factory.mktemp("dtensor")), *cases())
+
+
+@pytest.fixture(scope="module")
+def layout_and_checkpoint(worker_reports):
+  return worker_reports[:3]
+
+
 @needs_tf_keras
-def test_training_equals_the_unsharded_numpy_reference():
-  results = run_worker("tests.workers.dtensor_worker", *cases())
+def test_training_equals_the_unsharded_numpy_reference(worker_reports):
+  results = worker_reports[3:]
   assert len(results) == len(cases())
   for r in results:
     assert r["output_error"] < 2e-5, r
@@ -59,13 +72,6 @@ def test_training_equals_the_unsharded_numpy_reference():
     assert r["reads_share_shards"], r
     assert r["shard_copies_agree"], r
     assert r["held_reads_kept"], r
-
-
-@pytest.fixture(scope="module")
-def layout_and_checkpoint(tmp_path_factory):
-  """One child process for both tests below (each start costs seconds)."""
-  return run_worker("tests.workers.dtensor_worker", "layout-and-checkpoint",
-                    str(tmp_path_factory.mktemp("dtensor")))
 
 
 @needs_tf_keras

@@ -5,7 +5,7 @@ in a child process (DTensor's device is process-wide); prints one JSON line
 per case.
 
   python -m tests.workers.dtensor_worker MESH_SIZE:OPTIMIZER[:VARIANT] ...
-  python -m tests.workers.dtensor_worker layout-and-checkpoint DIRECTORY
+  python -m tests.workers.dtensor_worker layout-and-checkpoint DIRECTORY [MESH_SIZE:...]
 """
 
 import json
@@ -331,12 +331,13 @@ def checkpoint_case(directory):
 
 
 def main():
-  if sys.argv[1] == "layout-and-checkpoint":
+  specs = sys.argv[1:]
+  if specs[0] == "layout-and-checkpoint":
     print(json.dumps(layout_case()), flush=True)
-    print(json.dumps(checkpoint_case(sys.argv[2])), flush=True)
+    print(json.dumps(checkpoint_case(specs[1])), flush=True)
     print(json.dumps(tutorial_case()), flush=True)
-    return
-  for spec in sys.argv[1:]:
+    specs = specs[2:]
+  for spec in specs:
     parts = spec.split(":")
     size, kind = parts[0], parts[1]
     variant = int(parts[2]) if len(parts) > 2 else 0
