@@ -228,8 +228,8 @@ def _from_keras(optimizer, table_name, keep_schedule):
   # Keras 3's config holds a schedule's serialisation, not the schedule.
   learning_rate = optimizer._learning_rate  # pylint: disable=protected-access
   import keras  # pylint: disable=g-import-not-at-top
-  if (callable(learning_rate) and not isinstance(learning_rate, keras.Variable) and
-      not isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule)):
+  is_schedule = isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule)
+  if callable(learning_rate) and not isinstance(learning_rate, keras.Variable) and not is_schedule:
     # tfde calls a learning rate with the table's step; Keras calls it bare.
     raise ValueError(f"table {table_name!r}: {name}'s learning_rate is a function of "
                      "no arguments; give a keras.optimizers.schedules."
@@ -241,7 +241,7 @@ def _from_keras(optimizer, table_name, keep_schedule):
     raise ValueError(f"table {table_name!r}: {name} option(s) {bad} are not "
                      "supported by tfde's sparse optimizers")
   kind, carried = KERAS_MAPPING[name]
-  if not isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+  if not is_schedule:
     learning_rate = float(config["learning_rate"])
   clipping = [config.get(k) if config.get(k) not in (None, 0, 0.0) else None
               for k in ("clipnorm", "clipvalue")]

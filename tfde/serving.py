@@ -4,11 +4,6 @@
 `tfde.serving` by its old module path warns.
 """
 
-import sys
-import warnings
+from tfde import lazy_modules
 
-from tfde.saving import serving as _moved
-
-warnings.warn("tfde.serving moved to tfde.saving.serving; import it from there "
-              "(the old path goes in the next release)", DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = _moved
+lazy_modules.moved(__name__, "tfde.saving.serving")

@@ -35,7 +35,8 @@ LAYERS = (
     ("foundations", ("tfde.config", "tfde.optimizer_configs", "tfde.initializer_configs",
                      "tfde.hyperparameters",
                      "tfde.sharding", "tfde.collective_keys", "tfde.atomic_files",
-                     "tfde._build_info", "tfde.tf_version", "tfde.tf_internals")),
+                     "tfde._build_info", "tfde.tf_version", "tfde.tf_internals",
+                     "tfde.lazy_modules")),
 )
 
 # (importer, imported): each an upward import today. Mend one, delete its line.

@@ -12,18 +12,8 @@ keep their own state, checksums and restore checks (`tfde.tables`); the
 modules here write, read and link them.
 """
 
-import importlib
+from tfde import lazy_modules
 
 _MODULES = ("checkpoint", "delta_checkpoint", "delta_manifest", "serving")
 
-
-def __getattr__(name):
-  if name not in _MODULES:
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-  value = importlib.import_module(f"{__name__}.{name}")
-  globals()[name] = value
-  return value
-
-
-def __dir__():
-  return sorted(set(globals()) | set(_MODULES))
+__getattr__, __dir__ = lazy_modules.submodules(__name__, _MODULES)
