@@ -52,12 +52,12 @@ from tfde import groups as groups_lib
 from tfde import inputs as inputs_lib
 from tfde import tables as tables_lib
 from tfde import tf_internals
-from tfde import tpu as tpu_lib
 from tfde.pipeline import batches
 from tfde.pipeline import exchanges as exchanges_lib
 from tfde.pipeline import updates as updates_lib
 from tfde.planner import layout as plan_layout
 from tfde.tables import tpu as tpu_tables
+from tfde.tpu import configs as tpu_configs
 
 
 def wants_gradient(tensor):
@@ -139,7 +139,7 @@ class ShardedLookup(tf.Module):
     self.exchange = exchange
     self.plan = plan_layout.as_plan(plan)
     # tfde, tf.tpu.experimental.embedding or keras-rs configs, any nesting.
-    feature_configs = tpu_lib.as_feature_configs(feature_configs)
+    feature_configs = tpu_configs.as_feature_configs(feature_configs)
     feature_configs = (list(feature_configs.values())
                        if isinstance(feature_configs, dict) and
                        not any(isinstance(v, (dict, list, tuple))

@@ -44,8 +44,8 @@ import tensorflow as tf
 
 from tfde import optimizers
 from tfde import tf_internals
-from tfde import tpu as tpu_lib
 from tfde.ops import checks
+from tfde.tpu import configs as tpu_configs
 
 _EMBEDDING = tf.tpu.experimental.embedding
 
@@ -225,7 +225,7 @@ class TPUEngine(tf.Module):
     for f in feature_configs:
       if f.table.name not in self.optimizers:
         self.optimizers[f.table.name] = optimizers.get(f.table.optimizer, f.table.name)
-    self.tpu_feature_configs = tpu_lib.to_tpu_feature_configs(
+    self.tpu_feature_configs = tpu_configs.to_tpu_feature_configs(
         self.feature_configs, iterations=self.iterations, optimizers=self.optimizers)
     self.sparse_core_config = None
     if self.kind == "sparsecore":

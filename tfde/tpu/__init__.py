@@ -45,18 +45,34 @@ of TensorFlow's TPU embedding mid-level API (`TPUEmbedding`,
 `write_tpu_checkpoint` writes one `TPUEmbeddingForServing` restores.
 """
 
-# The package's public names (`tfde.tpu.X` in the README, docs and tests).
-from tfde.tpu.checkpoints import SPARSECORE_LAYOUTS_KEY
-from tfde.tpu.checkpoints import TPU_SLOT_NAMES
-from tfde.tpu.checkpoints import read_tpu_checkpoint  # noqa: F401
-from tfde.tpu.checkpoints import restore_tpu_checkpoint
-from tfde.tpu.checkpoints import unshuffle_sparsecore
-from tfde.tpu.checkpoints import write_tpu_checkpoint
-from tfde.tpu.configs import as_feature_configs  # noqa: F401
-from tfde.tpu.configs import from_tpu_feature_configs  # noqa: F401
-from tfde.tpu.configs import from_tpu_table_config  # noqa: F401
-from tfde.tpu.configs import to_tpu_feature_configs  # noqa: F401
-from tfde.tpu.configs import to_tpu_table_config  # noqa: F401
-from tfde.tpu.optimizer_mapping import from_tpu_optimizer  # noqa: F401
-from tfde.tpu.optimizer_mapping import to_tpu_optimizer  # noqa: F401
-from tfde.tpu.optimizer_mapping import tpu_slot_offsets  # noqa: F401
+from tfde import lazy_modules
+
+# The package's public names (`tfde.tpu.X` in the README, docs and tests),
+# each read from its module on first use: the config conversions lie a
+# layer below this package (the TPU table kind and the pipeline use them,
+# docs/ARCHITECTURE.md), and importing one must not load the checkpoints.
+_NAMES = {
+    "SPARSECORE_LAYOUTS_KEY": "checkpoints", "TPU_SLOT_NAMES": "checkpoints",
+    "read_tpu_checkpoint": "checkpoints", "restore_tpu_checkpoint": "checkpoints",
+    "unshuffle_sparsecore": "checkpoints", "write_tpu_checkpoint": "checkpoints",
+    "as_feature_configs": "configs", "from_tpu_feature_configs": "configs",
+    "from_tpu_table_config": "configs", "to_tpu_feature_configs": "configs",
+    "to_tpu_table_config": "configs", "from_tpu_optimizer": "optimizer_mapping",
+    "to_tpu_optimizer": "optimizer_mapping", "tpu_slot_offsets": "optimizer_mapping",
+}
+_SUBMODULES = ("checkpoints", "configs", "optimizer_mapping")
+__all__ = sorted(_NAMES)
+
+_submodule, _dir = lazy_modules.submodules(__name__, _SUBMODULES)
+
+
+def __getattr__(name):
+  if name in _NAMES:
+    value = getattr(_submodule(_NAMES[name]), name)
+    globals()[name] = value
+    return value
+  return _submodule(name)
+
+
+def __dir__():
+  return sorted(set(_dir()) | set(_NAMES))
