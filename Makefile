@@ -147,14 +147,16 @@ test-distributed: ops hvd-env
 test-fuzz: ops
 	$(PYTEST) tests/fuzz $(PYTEST_ARGS)
 
-## test: everything, each part timed: environments, lint, docs, wheel, main suite, lanes
+## test: everything, each part timed: environments, lint, main suite, then the lanes, docs and wheel side by side
+# The lanes, the wheel and the docs are one process each: side by side, as
+# many as the host has cores, after the main suite (which takes them all).
 test:
-	@$(PYTHON) tools/timed.py "environments=$(MAKE) --no-print-directory envs" \
-	    "lint=$(MAKE) --no-print-directory lint" "docs=$(MAKE) --no-print-directory docs" \
-	    "wheel=$(MAKE) --no-print-directory wheel-test" \
-	    "main suite=$(MAKE) --no-print-directory test-main" \
+	@$(PYTHON) tools/timed.py "environments=$(MAKE) --no-print-directory envs" --then \
+	    "lint=$(MAKE) --no-print-directory lint" --then \
+	    "main suite=$(MAKE) --no-print-directory test-main" --then \
 	    "lane tf215=$(MAKE) --no-print-directory test-tf215" \
-	    $(foreach v,$(KERAS3_LANES),"lane tf$(v)=$(MAKE) --no-print-directory test-tf$(v)")
+	    $(foreach v,$(KERAS3_LANES),"lane tf$(v)=$(MAKE) --no-print-directory test-tf$(v)") \
+	    "wheel=$(MAKE) --no-print-directory wheel-test" "docs=$(MAKE) --no-print-directory docs"
 
 ## test-fast: the main suite without the Horovod and peer environments
 test-fast: ops
