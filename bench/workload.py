@@ -135,13 +135,17 @@ def timed(fn, reps, warmup=2):
 
 def parse_args(doc, reps, extra=()):
   """(arguments, workload) of a benchmark script: --quick (the quick
-  workload, 3 repetitions) and --reps, plus `extra` (name, kwargs) options."""
+  workload, 3 repetitions unless --reps says otherwise) and --reps, plus
+  `extra` (name, kwargs) options."""
   parser = argparse.ArgumentParser(description=doc.split("\n")[0])
   parser.add_argument("--quick", action="store_true")
-  parser.add_argument("--reps", type=int, default=reps)
+  parser.add_argument("--reps", type=int, default=None,
+                      help=f"repetitions (default {reps}; 3 with --quick)")
   for name, kwargs in extra:
     parser.add_argument(name, **kwargs)
   args = parser.parse_args()
-  if args.quick:
-    args.reps = min(args.reps, 3)
+  if args.reps is None:
+    args.reps = min(reps, 3) if args.quick else reps
+  elif args.reps < 1:
+    parser.error(f"--reps must be at least 1, got {args.reps}")
   return args, (Workload.quick() if args.quick else Workload())
