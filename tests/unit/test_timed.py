@@ -3,7 +3,10 @@ order, the parts of one stage side by side, every part run whatever fails,
 the first failure's status."""
 
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -41,7 +44,7 @@ def test_stages_run_in_order_and_a_stages_parts_side_by_side(tmp_path, capsys):
   assert out.index("==> b: ended in") < out.index("\nb says hi\n")
   table = out[out.index("each part's time"):]
   for name, status in [("first", "ok"), ("a", "ok"), ("b", "FAILED (3)"), ("c", "ok"),
-                       ("last", "FAILED (5)"), ("total", "")]:
+                       ("last", "FAILED (5)"), ("side", ""), ("total", "")]:
     assert any(line.split()[0] == name and line.endswith(status)
                for line in table.splitlines()[1:]), (name, table)
 
@@ -57,3 +60,51 @@ def test_the_main_suite_past_its_budget_warns_without_failing(monkeypatch, capsy
 def test_a_malformed_command_line_is_refused(argv):
   with pytest.raises(SystemExit, match="timed.py"):
     timed.parse(argv)
+
+
+def test_one_slot_runs_a_stages_parts_one_after_another(tmp_path):
+  argv = [_part(tmp_path, "a", 0.5), _part(tmp_path, "b", 0.5)]
+  assert timed.main(argv, slots=1) == 0
+  spans = _spans(tmp_path, ["a", "b"])
+  assert spans["a"][1] <= spans["b"][0]
+
+
+def test_output_of_any_bytes_comes_through_whole(tmp_path, capsysbinary):
+  """A part beside others may print bytes that are no UTF-8 (a test's
+  binary data): its log is copied as bytes, and the other parts' too."""
+  argv = ["a=printf 'caf\\351\\n'", "b=echo from b"]
+  assert timed.main(argv, slots=2) == 0
+  out = capsysbinary.readouterr().out
+  assert b"caf\xe9\n" in out and b"from b" in out and b"total" in out
+
+
+def test_a_terminated_run_stops_its_parts_and_says_what_they_wrote(tmp_path):
+  """SIGTERM (or Ctrl-C) while two parts run side by side: both process
+  groups stop (a grandchild too), their output so far and the table are
+  printed, and the run exits 128 + 15."""
+  pids = tmp_path / "pids"
+  part = "{0}=echo {0} started; sleep 60 & echo $! >> " + str(pids) + "; wait"
+  runner = subprocess.Popen(
+      [sys.executable, timed.__file__, part.format("a"), part.format("b")],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  deadline = time.time() + 30
+  while time.time() < deadline and (not pids.exists() or
+                                    len(pids.read_text().split()) < 2):
+    time.sleep(0.1)
+  runner.send_signal(signal.SIGTERM)
+  out = runner.communicate(timeout=60)[0].decode()
+  assert runner.returncode == 128 + signal.SIGTERM, out
+  assert "a started" in out and "b started" in out and "stopped by signal 15" in out, out
+  assert "==> a: ended, stopped," in out, out
+  for pid in pids.read_text().split():   # the parts' own children
+    assert not _alive(int(pid)), pid
+
+
+def _alive(pid):
+  """Whether `pid` runs (a zombie, dead but not yet reaped by whichever
+  process adopted it, does not)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rpartition(")")[2].split()[0] != "Z"
+  except FileNotFoundError:
+    return False

@@ -45,7 +45,7 @@ of TensorFlow's TPU embedding mid-level API (`TPUEmbedding`,
 `write_tpu_checkpoint` writes one `TPUEmbeddingForServing` restores.
 """
 
-from tfde import lazy_modules
+from tfde import lazy_modules as _lazy_modules
 
 # The package's public names (`tfde.tpu.X` in the README, docs and tests),
 # each read from its module on first use: the config conversions lie a
@@ -63,7 +63,7 @@ _NAMES = {
 _SUBMODULES = ("checkpoints", "configs", "optimizer_mapping")
 __all__ = sorted(_NAMES)
 
-_submodule, _dir = lazy_modules.submodules(__name__, _SUBMODULES)
+_submodule, _dir = _lazy_modules.submodules(__name__, _SUBMODULES)
 
 
 def __getattr__(name):
