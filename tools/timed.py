@@ -145,7 +145,7 @@ def _run_stage(stage, slots, results):
 def _report(stage_times, results):
   rows = [(name, seconds, "ok" if code == 0 else f"FAILED ({code})")
           for name, seconds, code in results]
-  rows += [("side by side: " + ", ".join(names), seconds, "")
+  rows += [(f"{len(names)} parts side by side", seconds, "")
            for names, seconds in stage_times if len(names) > 1]
   rows.append(("total", sum(s for _, s in stage_times), ""))
   width = max(22, *(len(name) for name, _, _ in rows))
