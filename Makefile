@@ -149,7 +149,8 @@ test-fuzz: ops
 
 ## test: everything, each part timed: environments, lint, main suite, then the lanes, docs and wheel side by side
 # The lanes, the wheel and the docs are one process each: side by side, as
-# many as the host has cores, after the main suite (which takes them all).
+# many at once as the cores this job may use, after the main suite (which
+# takes them all).
 test:
 	@$(PYTHON) tools/timed.py "environments=$(MAKE) --no-print-directory envs" --then \
 	    "lint=$(MAKE) --no-print-directory lint" --then \

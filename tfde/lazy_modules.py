@@ -1,9 +1,11 @@
-"""Packages whose submodules load on first use (PEP 562), and modules
-that moved.
+"""Packages whose submodules, and names of them, load on first use (PEP
+562), and modules that moved.
 
->>> import types
->>> getattr_, dir_ = submodules("json", ("decoder",))
+>>> import json, types
+>>> getattr_, dir_ = submodules("json", ("decoder",), {"JSONDecoder": "decoder"})
 >>> isinstance(getattr_("decoder"), types.ModuleType), "decoder" in dir_()
+(True, True)
+>>> getattr_("JSONDecoder") is json.decoder.JSONDecoder, "JSONDecoder" in dir_()
 (True, True)
 """
 
@@ -12,20 +14,27 @@ import sys
 import warnings
 
 
-def submodules(package, names):
-  """(`__getattr__`, `__dir__`) for `package`, whose submodules `names`
-  are imported when first read as attributes."""
-  namespace = sys.modules[package].__dict__ if package in sys.modules else {}
+def submodules(package, names=(), attributes=None):
+  """(`__getattr__`, `__dir__`) for `package` (imported, or importing:
+  call this from its `__init__`), whose submodules `names`, and those
+  `attributes` ({name: the submodule that defines it}) name, are imported
+  when first read; each attribute is read from its submodule then."""
+  attributes = dict(attributes or {})
+  modules = set(names) | set(attributes.values())
+  namespace = sys.modules[package].__dict__
 
   def __getattr__(name):
-    if name not in names:
+    if name in attributes:
+      value = getattr(__getattr__(attributes[name]), name)
+    elif name in modules:
+      value = importlib.import_module(f"{package}.{name}")
+    else:
       raise AttributeError(f"module {package!r} has no attribute {name!r}")
-    value = importlib.import_module(f"{package}.{name}")
     namespace[name] = value
     return value
 
   def __dir__():
-    return sorted(set(namespace) | set(names))
+    return sorted(set(namespace) | modules | set(attributes))
 
   return __getattr__, __dir__
 

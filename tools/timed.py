@@ -81,7 +81,7 @@ class _Part:
   everything it started), its output to a log when it runs beside others."""
 
   def __init__(self, name, command, beside):
-    self.name, self.command = name, command
+    self.name = name
     self.log = tempfile.TemporaryFile() if beside else None   # bytes, whatever they are
     self.start = time.monotonic()
     self.process = subprocess.Popen(
@@ -145,8 +145,8 @@ def _run_stage(stage, slots, results):
 def _report(stage_times, results):
   rows = [(name, seconds, "ok" if code == 0 else f"FAILED ({code})")
           for name, seconds, code in results]
-  rows += [(f"{len(names)} parts side by side", seconds, "")
-           for names, seconds in stage_times if len(names) > 1]
+  rows += [(f"{parts} parts side by side", seconds, "")
+           for parts, seconds in stage_times if parts > 1]
   rows.append(("total", sum(s for _, s in stage_times), ""))
   width = max(22, *(len(name) for name, _, _ in rows))
   print("\nmake test, each part's time:")
@@ -174,7 +174,7 @@ def main(argv, slots=None):
       try:
         _run_stage(stage, slots, results)
       finally:
-        stage_times.append(([name for name, _ in stage], time.monotonic() - t0))
+        stage_times.append((len(stage), time.monotonic() - t0))
   except Interrupted as stop:
     _report(stage_times, results)
     print(f"stopped by signal {stop.signum}, before the end", flush=True)

@@ -60,19 +60,6 @@ _NAMES = {
     "to_tpu_table_config": "configs", "from_tpu_optimizer": "optimizer_mapping",
     "to_tpu_optimizer": "optimizer_mapping", "tpu_slot_offsets": "optimizer_mapping",
 }
-_SUBMODULES = ("checkpoints", "configs", "optimizer_mapping")
 __all__ = sorted(_NAMES)
 
-_submodule, _dir = _lazy_modules.submodules(__name__, _SUBMODULES)
-
-
-def __getattr__(name):
-  if name in _NAMES:
-    value = getattr(_submodule(_NAMES[name]), name)
-    globals()[name] = value
-    return value
-  return _submodule(name)
-
-
-def __dir__():
-  return sorted(set(_dir()) | set(_NAMES))
+__getattr__, __dir__ = _lazy_modules.submodules(__name__, attributes=_NAMES)
