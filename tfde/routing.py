@@ -238,7 +238,7 @@ def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=No
       requested = tf.identity(requested)
     coefficients = None
   else:
-    coefficients = ops.combine_coefficients(splits, weights, tf.size(fused_ids), combiner)[1]
+    coefficients = ops.id_coefficients(splits, weights, tf.size(fused_ids), combiner)
     coefficients = comm.all_to_all(
         tf.scatter_nd(positions[:, None], coefficients, tf.shape(coefficients)), plan)
   # Each owner sends every replica its samples' rows of the partial sums:

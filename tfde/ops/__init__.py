@@ -326,12 +326,27 @@ def bag_gradients_dense(grads):
   return grads.dense(sum_rows_by_index)
 
 
-def combine_coefficients(row_splits, weights, n, combiner):
-  """(segment of each id, its coefficient: its weight over the combiner's
-  divisor), for folding a combiner into per-id weights of a "sum"; the
-  splits checked already, where the batch came in."""
-  return reference.combine_coefficients(row_splits, weights, n, combiner,
-                                        types.segment_ids(row_splits, tf.int32))
+def id_coefficients(row_splits, weights, num_ids, combiner):
+  """Each id's coefficient, its weight (1 where `weights` is None) over its
+  sample's divisor, as the kernels compute it, for folding a combiner into
+  the weights of a "sum"; `weights` one per id (or None) and the splits
+  checked already, where the batch came in. A "sum"'s coefficients are its
+  weights: no sample is looked up for them.
+
+  >>> import tensorflow as tf
+  >>> splits = tf.constant([0, 2, 3], tf.int64)
+  >>> id_coefficients(splits, None, tf.constant(3), "mean").numpy().tolist()
+  [0.5, 0.5, 1.0]
+  >>> id_coefficients(splits, tf.constant([2.0, 1.0, 4.0]), tf.constant(3), "sum").numpy().tolist()
+  [2.0, 1.0, 4.0]
+  """
+  reference.check_combiner(combiner)
+  coefficients = (tf.ones([num_ids], tf.float32) if weights is None
+                  else tf.cast(weights, tf.float32))
+  if combiner == "sum":
+    return coefficients
+  return reference.over_divisors(coefficients, types.segment_ids(row_splits, tf.int32, num_ids),
+                                 tf.size(row_splits) - 1, combiner)
 
 
 def unique_rows(rows, num_rows, device=None):

@@ -216,9 +216,17 @@ def combine_from_tables(tables, rows, bases, inverse, row_splits, weights=None,
     # int64 one, gather, then combine.
     return embedding_combine(gather_from_tables(tables, rows, bases), inverse, row_splits,
                              weights, combiner)
-  return load().tfde_combine_from_tables(
+  return _of_tables_width(load().tfde_combine_from_tables(
       [t.handle for t in tables], index_tensor(rows, "rows"), inverse, row_splits,
-      _weights_or_empty(weights), bases=[int(b) for b in bases], combiner=combiner)
+      _weights_or_empty(weights), bases=[int(b) for b in bases], combiner=combiner), tables)
+
+
+def _of_tables_width(output, tables):
+  """`output`, rows as wide as `tables`, with that width in its static
+  shape: the ops' shape functions see only the tables' handles, and an
+  unknown width made every op after them size their rows when traced."""
+  output.set_shape(tf.TensorShape([None]).concatenate(tables[0].shape[1:]))
+  return output
 
 
 def split_rows_by_table(rows, bases):
@@ -228,9 +236,9 @@ def split_rows_by_table(rows, bases):
 
 
 def gather_from_tables(tables, rows, bases):
-  return load().tfde_gather_from_tables([t.handle for t in tables],
-                                        index_tensor(rows, "rows"),
-                                        bases=[int(b) for b in bases])
+  return _of_tables_width(load().tfde_gather_from_tables([t.handle for t in tables],
+                                                         index_tensor(rows, "rows"),
+                                                         bases=[int(b) for b in bases]), tables)
 
 
 def advise_huge_pages(variables, collapse=True):

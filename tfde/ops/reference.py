@@ -188,15 +188,21 @@ def combine_coefficients(row_splits, weights, n, combiner, segment_ids=None):
   w = _weights_or_ones(weights, n)
   if combiner == "sum":
     return segment_ids, w
+  return segment_ids, over_divisors(w, segment_ids, batch, combiner)
+
+
+def over_divisors(w, segment_ids, batch, combiner):
+  """Each id's weight `w` over its sample's divisor under a "mean" or
+  "sqrtn" `combiner` (the sum of its sample's weights, or the root of
+  their squares), 0 where that is 0."""
   # In double, as the kernel: squares of large weights overflow float32.
   w64 = tf.cast(w, tf.float64)
   if combiner == "mean":
     divisor = tf.math.unsorted_segment_sum(w64, segment_ids, batch)
   else:
     divisor = tf.sqrt(tf.math.unsorted_segment_sum(w64 * w64, segment_ids, batch))
-  return segment_ids, tf.cast(
-      w64 * tf.math.divide_no_nan(tf.constant(1.0, tf.float64),
-                                  tf.gather(divisor, segment_ids)), tf.float32)
+  return tf.cast(w64 * tf.math.divide_no_nan(tf.constant(1.0, tf.float64),
+                                             tf.gather(divisor, segment_ids)), tf.float32)
 
 
 def _check_float(tensor, name):

@@ -47,11 +47,12 @@ def int32_range(size):
   return tf.cast(tf.range(size), tf.int32)
 
 
-def segment_ids(row_splits, out_type=tf.int64):
+def segment_ids(row_splits, out_type=tf.int64, num_ids=None):
   """The sample of each id of a ragged batch whose splits are valid
   (checked where the batch came in): i for every id in [row_splits[i],
   row_splits[i + 1]), as `tf.ragged.row_splits_to_segment_ids` gives them
-  (but int64 by default, not the splits' dtype).
+  (but int64 by default, not the splits' dtype). `num_ids`: the count of
+  ids (the last split) where the caller has it.
 
   A binary search of each id's position in the splits, a handful of ops:
   TensorFlow's builds about 70 into a graph per call (a sixth of a traced
@@ -62,15 +63,21 @@ def segment_ids(row_splits, out_type=tf.int64):
   >>> import tensorflow as tf
   >>> segment_ids(tf.constant([0, 2, 2, 3], tf.int64)).numpy().tolist()
   [0, 0, 2]
+  >>> segment_ids(tf.constant([0, 1, 1, 3], tf.int64), num_ids=tf.constant(3)).numpy().tolist()
+  [0, 2, 2]
   >>> segment_ids(tf.constant([0], tf.int32), tf.int32).numpy().tolist()
   []
   """
   row_splits = tf.convert_to_tensor(row_splits)
-  positions = tf.range(row_splits[-1], dtype=row_splits.dtype)
-  # The op itself, on a batch of one: tf.searchsorted wraps it in about 20
-  # ops of reshapes for any leading dimensions.
-  return tf.reshape(tf.raw_ops.UpperBound(sorted_inputs=row_splits[None, 1:],
-                                          values=positions[None], out_type=out_type), [-1])
+  limit = row_splits[-1] if num_ids is None else tf.cast(num_ids, row_splits.dtype)
+  positions = tf.range(limit, dtype=row_splits.dtype)
+  # The op itself, on a batch of one (tf.searchsorted wraps it in about 20
+  # ops of reshapes for any leading dimensions), over all the splits: a
+  # position's upper bound there is its sample + 1 (no slice of the splits,
+  # four ops).
+  bound = tf.raw_ops.UpperBound(sorted_inputs=tf.expand_dims(row_splits, 0),
+                                values=tf.expand_dims(positions, 0), out_type=out_type)
+  return tf.squeeze(bound, 0) - 1
 
 
 @dataclasses.dataclass(frozen=True)

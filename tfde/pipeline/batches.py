@@ -72,6 +72,6 @@ def as_one_batch(features, combiners):
       return splits, None, combiners[0]
     return splits, tf.concat([tf.ones([tf.size(f.ids)]) if f.weights is None else f.weights
                               for f in features], 0), combiners[0]
-  coefficients = [ops.combine_coefficients(f.row_splits, f.weights, tf.size(f.ids), combiner)[1]
+  coefficients = [ops.id_coefficients(f.row_splits, f.weights, tf.size(f.ids), combiner)
                   for f, combiner in zip(features, combiners)]
   return splits, tf.concat(coefficients, 0), "sum"
