@@ -307,6 +307,42 @@ def test_serve_takes_int32_and_int64_ids_mixed_across_features(tmp_path):
                         "movie_id": tf.constant(movies, movie_dtype)})
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7,
                                err_msg=f"{user_dtype.name} {movie_dtype.name}")
+  # The four mixes call one traced model: the tables are read in at most
+  # two of the SavedModel's functions (the signature's graph, and the one
+  # tf.saved_model.save traces again), not in one per mix (five), beside
+  # the trace Keras saves of the model itself.
+  from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
+  saved = saved_model_pb2.SavedModel()
+  with open(tmp_path / "m" / "saved_model.pb", "rb") as f:
+    saved.ParseFromString(f.read())
+  reading = [fn.signature.name for fn in saved.meta_graphs[0].graph_def.library.function
+             if any(n.op.startswith("ResourceGather") for n in fn.node_def)
+             and "serving_default" not in fn.signature.name]
+  assert 1 <= len(reading) <= 2, reading
+
+
+def test_a_model_refusing_int64_ids_is_exported_per_mix(tmp_path):
+  """A model that refuses int64 ids (here a layer checking its ids'
+  dtype) cannot share one int64 graph: it is traced per mix, serves the
+  int32 ids of its example, and int64 ids find no function to serve them."""
+
+  class Int32Only(tfde.layers.DistributedEmbedding):
+    def call(self, inputs, weights=None, training=None):
+      if inputs["f"].dtype == tf.int64:
+        raise TypeError("int32 ids only")
+      return super().call(inputs, weights, training)
+
+  table = tfde.layers.TableConfig(name="t", vocabulary_size=20, embedding_dim=3)
+  layer = Int32Only({"f": tfde.layers.FeatureConfig(name="f", table=table)})
+  example = {"f": tf.constant([[1, 2], [3, 19]], tf.int32)}
+  want = layer(example)["f"].numpy()
+  rows = np.asarray(layer.tables["t"].state(keys=("table",))["table"])
+  np.testing.assert_allclose(want, rows[[[1, 2], [3, 19]]].mean(1), rtol=1e-6)  # a mean
+  tfde.export_for_serving(layer, str(tmp_path / "m"), example)
+  served = tf.saved_model.load(str(tmp_path / "m"))
+  np.testing.assert_allclose(served.serve(example)["f"].numpy(), want, rtol=1e-6)
+  with pytest.raises((TypeError, ValueError)):
+    served.serve({"f": tf.cast(example["f"], tf.int64)})
 
 
 def test_the_mixes_traced_are_bounded():
