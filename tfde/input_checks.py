@@ -55,7 +55,9 @@ def same_rows(a, b):
   if a.shape[0] is not None and b.shape[0] is not None:  # known when traced
     return (tf.reduce_all(tf.equal(a, b)) if a.shape[0] == b.shape[0]
             else tf.constant(False))
-  length_a, length_b = tf.shape(a)[0], tf.shape(b)[0]
+  # A vector's length is its size: one op, where a slice of its shape is five.
+  length_a, length_b = ((tf.size(a), tf.size(b)) if a.shape.rank == b.shape.rank == 1
+                        else (tf.shape(a)[0], tf.shape(b)[0]))
   common = tf.minimum(length_a, length_b)
   return tf.logical_and(tf.equal(length_a, length_b),
                         tf.reduce_all(tf.equal(a[:common], b[:common])))

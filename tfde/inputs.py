@@ -190,8 +190,8 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
   elif rank != 2:
     raise ValueError(f"{where}: dense ids must have rank 1 or 2, got shape "
                      f"{inputs.shape}")
-  batch = tf.shape(ids, out_type=tf.int64)[0]
-  hotness = tf.shape(ids, out_type=tf.int64)[1]
+  # One op for both dimensions, where a slice of the shape for each is ten.
+  batch, hotness = tf.unstack(tf.shape(ids, out_type=tf.int64), 2)
   splits = tf.range(batch + 1, dtype=tf.int64) * hotness
   w = None
   if weights is not None:
@@ -199,10 +199,10 @@ def flatten_feature(feature_name, table_name, inputs, weights=None, strings=Fals
     if weights.shape.rank is not None and weights.shape.rank != rank:
       raise ValueError(f"{where}: weights have shape {weights.shape} but the "
                        f"ids have shape {inputs.shape}")
+    weights_shape, ids_shape = tf.shape(weights), tf.shape(inputs)
     guards = [checks.assert_that(
-        input_checks.same_rows(tf.shape(weights), tf.shape(inputs)),
-        f"{where}: weights have shape ", tf.shape(weights),
-        " but the ids have shape ", tf.shape(inputs))]
+        input_checks.same_rows(weights_shape, ids_shape),
+        f"{where}: weights have shape ", weights_shape, " but the ids have shape ", ids_shape)]
     with tf.control_dependencies(guards):
       w = tf.reshape(weights, [-1])
   return tf.reshape(ids, [-1]), splits, w

@@ -105,7 +105,7 @@ def first_true(mask):
   >>> first_true(tf.zeros([0], tf.bool)).numpy().tolist()
   0
   """
-  mask = tf.reshape(mask, [-1])
+  mask = _vector(mask)
   size = tf.size(mask, out_type=tf.int64)
   # The range from the size as TensorFlow keeps it, on the host: a limit
   # computed on the device would have to come back to the host first.
@@ -113,6 +113,13 @@ def first_true(mask):
   n = tf.cast(size, tf.float64)
   # The minimum of no elements is +inf: n bounds it.
   return tf.cast(tf.minimum(tf.reduce_min(tf.where(mask, positions, n)), n), tf.int64)
+
+
+def _vector(tensor):
+  """`tensor` flattened: as it is where it is a vector already (a reshape
+  is two ops more in every check of a traced step)."""
+  tensor = tf.convert_to_tensor(tensor)
+  return tensor if tensor.shape.rank == 1 else tf.reshape(tensor, [-1])
 
 
 def first_offender(mask, values):
@@ -124,7 +131,7 @@ def first_offender(mask, values):
   >>> bool(none), int(i), int(value)
   (False, 1, -2)
   """
-  values = tf.reshape(values, [-1])
+  values = _vector(values)
   if values.dtype == tf.int32:
     # TensorFlow keeps int32 tensors of a GPU on the host for ConcatV2.
     values = tf.cast(values, tf.int64)
