@@ -29,6 +29,12 @@ _SUBMODULES = ("checkpoint", "comm", "config", "feature_column", "initializers",
 # Submodules that moved, still answering by their old attribute names.
 _MOVED = {"checkpoint": "saving.checkpoint", "delta_checkpoint": "saving.delta_checkpoint",
           "delta_manifest": "saving.delta_manifest", "serving": "saving.serving"}
+# Submodules that load without TensorFlow (the configs as data, the
+# command's schema): no version check, so that `tfde train` can refuse a
+# bad config before TensorFlow loads. Each imports TensorFlow itself where
+# a use needs it.
+_WITHOUT_TENSORFLOW = ("app", "config", "hyperparameters", "initializer_configs",
+                       "optimizer_configs")
 # {name: the submodule that defines it}
 _NAMES = {"DynamicConfig": "config", "FeatureConfig": "config", "TableConfig": "config",
           "export_for_serving": "serving"}
@@ -47,8 +53,9 @@ def __getattr__(name):
   if name in _NAMES:
     value = getattr(__getattr__(_NAMES[name]), name)
   elif name in _SUBMODULES or name in _MOVED or _is_submodule(name):
-    from tfde import tf_version  # pylint: disable=g-import-not-at-top
-    tf_version.check_tensorflow()
+    if name not in _WITHOUT_TENSORFLOW:
+      from tfde import tf_version  # pylint: disable=g-import-not-at-top
+      tf_version.check_tensorflow()
     if name in _MOVED:
       value = importlib.import_module(f"{__name__}.{_MOVED[name]}")
     elif name == "layers":

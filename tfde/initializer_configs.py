@@ -16,6 +16,17 @@ become Keras initializers in `resolve`.
 
 import numpy as np
 
+from tfde import tf_version
+
+
+def _keras():
+  """Keras, once TensorFlow's version is checked: this module loads
+  without TensorFlow (a config is data), and its first use that needs it
+  gets the check a TensorFlow module of tfde would."""
+  tf_version.check_tensorflow()
+  import keras  # pylint: disable=g-import-not-at-top
+  return keras
+
 
 def default():
   """keras-rs's default, as its code has it: `VarianceScaling(mode=
@@ -26,14 +37,16 @@ def default():
   >>> round(float(np.std(default()(shape=(20000, 16)))), 2)
   0.25
   """
-  import keras  # pylint: disable=g-import-not-at-top
-  return keras.initializers.VarianceScaling(mode="fan_out")
+  return _keras().initializers.VarianceScaling(mode="fan_out")
 
 
 def is_array(initializer):
   """Whether `initializer` is a table's whole initial value (an array)."""
+  if isinstance(initializer, np.ndarray):
+    return True
+  tf_version.check_tensorflow()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return isinstance(initializer, np.ndarray) or tf.is_tensor(initializer)
+  return tf.is_tensor(initializer)
 
 
 # TF initializers (v2 classes and v1 function names) that have a Keras
@@ -60,8 +73,7 @@ def resolve(initializer, table_name, embedding_dim=None):
   "random" (uniform in [-0.05, 0.05]), a number (a constant), or a [V, D]
   array (kept as is: a static table's whole initial value).
   """
-  import keras  # pylint: disable=g-import-not-at-top
-  init = keras.initializers
+  init = _keras().initializers
   if initializer is None:
     return default()
   if is_array(initializer):

@@ -1,5 +1,5 @@
 """The `tfde` command's front (tfde.app.command): help without TensorFlow, quick;
-one line on stderr for a config error; TensorFlow's start-up lines only
+one line on stderr for a config error, found before TensorFlow loads; TensorFlow's start-up lines only
 with --verbose; each subcommand's help has a description and an example."""
 
 import os
@@ -77,11 +77,37 @@ def test_a_config_error_is_the_only_stderr_line(tmp_path):
   assert result.stdout == ""
 
 
+def test_a_bad_job_is_refused_before_tensorflow_loads(tmp_path):
+  """A config's syntax or values, a missing data file, a bad option: each
+  answered without TensorFlow (its loading took about 7 s here)."""
+  syntax = tmp_path / "syntax.yaml"
+  syntax.write_text("name: x\nseed: [1\nreplicas: 2\n")
+  value = tmp_path / "value.yaml"
+  value.write_text("name: x\nmodel:\n  bottom_mlp: 8\ndata:\n  sparse_features:\n"
+                   "    - {name: a, vocabulary_size: 10}\n")
+  for args, words in ((["train", "--config", str(syntax)], "YAML syntax error"),
+                      (["train", "--config", str(value)], "model.bottom_mlp: must be"),
+                      (["train", "--config", "configs/demo.yaml", "--data",
+                        str(tmp_path / "no.csv")], "--data: cannot read"),
+                      (["plan", "--config", "configs/demo.yaml", "--replicas", "0"],
+                       "--replicas: must be >= 1")):
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "tfde.app"] + args,
+                            capture_output=True, text=True, cwd=REPO, timeout=60,
+                            env=dict(os.environ, PYTHONPATH=REPO))
+    assert result.returncode == 2, (args, result.stderr[-2000:])
+    lines = result.stderr.splitlines()
+    imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
+    assert "tfde.config" in imported and not {"tensorflow", "keras"} & imported, args
+    errors = [line for line in lines if not line.startswith("import time:")]
+    assert len(errors) == 1 and errors[0].startswith("tfde: error: ") and words in errors[0], \
+        (args, errors)
+
+
 def test_verbose_shows_tensorflow_start_up_lines(tmp_path):
-  config = tmp_path / "bad.yaml"
-  config.write_text("name: x\nreplicas: 0\n")
-  quiet = _run(["train", "--config", str(config)])
-  loud = _run(["train", "--config", str(config), "--verbose"])
+  # An error found once TensorFlow has loaded (a config's is found before).
+  missing = str(tmp_path / "missing")
+  quiet = _run(["inspect", missing])
+  loud = _run(["inspect", missing, "--verbose"])
   assert quiet.returncode == loud.returncode == 2
   assert len(quiet.stderr.splitlines()) == 1
   # TensorFlow's own lines (oneDNN, cpu_feature_guard, absl) come back.
@@ -100,7 +126,10 @@ def test_import_tfde_loads_no_tensorflow_until_a_submodule_is_used():
           "assert 'tensorflow' not in sys.modules, 'import tfde loaded TensorFlow'\n"
           "assert {'TableConfig', 'lookup', 'layers'} <= set(dir(tfde))\n"
           "tfde.TableConfig\n"
-          "assert 'tensorflow' in sys.modules and 'tfde.config' in sys.modules\n")
+          "assert 'tfde.config' in sys.modules\n"
+          "assert 'tensorflow' not in sys.modules, 'a config is data'\n"
+          "tfde.lookup\n"
+          "assert 'tensorflow' in sys.modules\n")
   result = _python(code)
   assert result.returncode == 0, result.stderr[-2000:]
 

@@ -27,9 +27,9 @@ line and column of a YAML error) and exit code 2:
 
 import os
 import sys
-import tempfile
 import time
 
+from tfde.app import job_checks
 from tfde.app import limits
 from tfde.app.config import ConfigError  # noqa: F401 (the schema, re-exported)
 from tfde.app.config import DataConfig  # noqa: F401 (the schema, re-exported)
@@ -40,6 +40,7 @@ from tfde.app.config import SparseFeatureConfig  # noqa: F401 (the schema, re-ex
 from tfde.app.config import TableOptimizerConfig  # noqa: F401 (the schema, re-exported)
 from tfde.app.config import TrainingConfig  # noqa: F401 (the schema, re-exported)
 from tfde.app.config import load_config  # noqa: F401 (the schema, re-exported)
+from tfde.app.job_checks import check_paths  # noqa: F401 (re-exported)
 from tfde.app.model import build_model
 from tfde.app.model import most_ids_per_sample
 from tfde.app.report import TensorBoardLog
@@ -61,40 +62,6 @@ def _strategy(replicas):
         cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
     devices = [f"/cpu:{i}" for i in range(replicas)]
   return tf.distribute.MirroredStrategy(devices)
-
-
-def check_paths(config, config_file, data_path=None, report_dir=None):
-  """Before any work: the data file can be read and the report folder
-  written (it is created). Raises ConfigError naming the option or key."""
-  if data_path is not None:
-    _check_readable(data_path, "--data", None)
-  elif config.data.kind == "movielens":
-    _check_readable(config.data.path, "data.path", config_file)
-  if report_dir is not None:
-    _check_writable(report_dir, "--report-dir", None)
-  else:
-    _check_writable(config.report_dir, "report_dir", config_file)
-
-
-def _check_readable(path, key, config_file):
-  try:
-    with open(path, "rb"):
-      pass
-  except OSError as e:
-    raise ConfigError(key, f"cannot read {path!r}: {e.strerror or e}",
-                      file=config_file) from None
-
-
-def _check_writable(path, key, config_file):
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise ConfigError(key, f"{path!r} is a file, not a folder", file=config_file)
-  try:
-    os.makedirs(path, exist_ok=True)
-    with tempfile.TemporaryFile(dir=path):
-      pass
-  except OSError as e:
-    raise ConfigError(key, f"cannot write to {path!r}: {e.strerror or e}",
-                      file=config_file) from None
 
 
 def run_job(config, data_path=None, report_dir=None, verbose=1, config_file=None,
@@ -273,23 +240,19 @@ def _step_history(batch_size):
   return StepHistory()
 
 
-def train_command(args):
-  """`tfde train` once its arguments are parsed (`tfde.app.command` parses them and
-  loads TensorFlow quietly); returns the exit code."""
+def train_command(args, config=None):
+  """`tfde train` once its arguments are parsed (`tfde.app.command` parses
+  them, checks the job with `job_checks.train_job` before TensorFlow loads
+  and passes its `config`, then loads TensorFlow quietly); returns the exit
+  code."""
   from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
   try:
-    # The whole config, the data file and the report folder, before any work.
-    config = load_config(args.config)
-    check_paths(config, args.config, args.data, args.report_dir)
-    if getattr(args, "delta_every", 0) < 0:
-      raise ConfigError("--delta-every", f"must be >= 0, got {args.delta_every}")
-    plan_path = getattr(args, "plan", None)
-    if plan_path:
-      _check_readable(plan_path, "--plan", args.config)
-    limits.check_fits_memory(config, args.config)
+    if config is None:
+      config = job_checks.train_job(args)
     run_job(config, data_path=args.data, report_dir=args.report_dir,
             config_file=args.config, projector=tuple(args.projector),
-            delta_every=getattr(args, "delta_every", 0), plan_path=plan_path)
+            delta_every=getattr(args, "delta_every", 0),
+            plan_path=getattr(args, "plan", None))
   except (ConfigError, data_lib.DataError) as e:
     print(f"tfde: error: {e}", file=sys.stderr)
     return 2
@@ -304,21 +267,14 @@ def train_command(args):
   return 0
 
 
-def plan_command_main(args):
-  """`tfde plan` once its arguments are parsed; returns the exit code."""
+def plan_command_main(args, checked=None):
+  """`tfde plan` once its arguments are parsed (`checked`: what
+  `job_checks.plan_job` gave, before TensorFlow loaded); returns the exit
+  code."""
   from tfde.app import data as data_lib  # pylint: disable=g-import-not-at-top
   from tfde.app import plan_command  # pylint: disable=g-import-not-at-top
   try:
-    config = load_config(args.config)
-    memory = None
-    if args.memory_per_replica is not None:
-      try:
-        memory = plan_command.parse_bytes(args.memory_per_replica)
-      except ValueError as e:
-        raise ConfigError("--memory-per-replica", str(e)) from None
-    if args.replicas is not None and args.replicas < 1:
-      raise ConfigError("--replicas", f"must be >= 1, got {args.replicas}")
-    check_paths(config, args.config, args.data, args.report_dir)
+    config, memory = job_checks.plan_job(args) if checked is None else checked
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     plan_command.run_plan(config, args.replicas, memory, args.report_dir,
                           args.data, config_file=args.config)

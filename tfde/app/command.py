@@ -1,10 +1,11 @@
 """The `tfde` command: its arguments and help, answered without TensorFlow.
 
 Parsing, `--help` and argument errors need only the standard library
-(`import tfde` and `tfde.app` load nothing else); TensorFlow and the op
-library (a few seconds) load only once a subcommand runs (`tfde.app.cli`
-for `train` and `plan`, `tfde.app.inspect` for `inspect`), quietly unless
-`--verbose`. `python -m tfde.app` runs it too.
+(`import tfde` and `tfde.app` load nothing else), and a job's config and
+files are checked without TensorFlow (`tfde.app.job_checks`); TensorFlow
+and the op library (a few seconds) load only once a subcommand runs
+(`tfde.app.cli` for `train` and `plan`, `tfde.app.inspect` for
+`inspect`), quietly unless `--verbose`. `python -m tfde.app` runs it too.
 
 >>> parser = build_parser()
 >>> args = parser.parse_args(["train", "--config", "configs/demo.yaml"])
@@ -170,13 +171,20 @@ def main(argv=None):
   """Runs the `tfde` command with `argv` (default: sys.argv[1:]); returns
   its exit code."""
   args = build_parser().parse_args(argv)
+  if args.command in ("train", "plan"):
+    # The job's config, files and options, before TensorFlow: a typo is
+    # answered at once, not after it has loaded.
+    from tfde.app import job_checks  # pylint: disable=g-import-not-at-top
+    checked, error = job_checks.first_error(args)
+    if error:
+      print(error, file=sys.stderr)
+      return 2
+    load_tensorflow(args.verbose)
+    from tfde.app import cli  # pylint: disable=g-import-not-at-top
+    if args.command == "train":
+      return cli.train_command(args, checked)
+    return cli.plan_command_main(args, checked)
   load_tensorflow(args.verbose)
-  if args.command == "train":
-    from tfde.app import cli  # pylint: disable=g-import-not-at-top
-    return cli.train_command(args)
-  if args.command == "plan":
-    from tfde.app import cli  # pylint: disable=g-import-not-at-top
-    return cli.plan_command_main(args)
   from tfde.app import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
   return inspect_lib.inspect_command(args)
 
