@@ -155,6 +155,20 @@ def test_apply_gradients_needs_addresses_from_sparse_lookup():
 # ---- tfde's own pipeline in a TF1 graph (an estimator's model_fn)
 
 
+def _placeholder(value):
+  """A TF1 placeholder of `value`'s kind, dtype and shape but its batch
+  (a ragged or sparse tensor's of its components)."""
+  v1 = tf.compat.v1
+  if isinstance(value, tf.RaggedTensor):
+    return tf.RaggedTensor.from_row_splits(v1.placeholder(value.dtype, [None]),
+                                           v1.placeholder(value.row_splits.dtype, [None]),
+                                           validate=False)
+  if isinstance(value, tf.SparseTensor):
+    return tf.SparseTensor(v1.placeholder(tf.int64, [None, 2]),
+                           v1.placeholder(value.dtype, [None]), v1.placeholder(tf.int64, [2]))
+  return v1.placeholder(value.dtype, [None] + value.shape.as_list()[1:])
+
+
 @pytest.mark.parametrize("kind", ["adam", "ftrl"])
 def test_sharded_lookup_trains_in_a_tf1_session(op_backend, kind):
   """The pipeline in a plain TF1 graph: static tables equal the unsharded
@@ -169,24 +183,26 @@ def test_sharded_lookup_trains_in_a_tf1_session(op_backend, kind):
   hashed = lambda ids: ids * 7919 - 2**40  # 64-bit keys, tf or Python ints
   oracle = oracles.DynamicTableOracle(4, kind, h.numpy_optimizer(kind, (1, 4)).hp,
                                       init=("uniform", -0.05, 0.05), admit_after=2)
+  fed = [h.replica_inputs(batch, 0, 1) for batch in batches]  # (inputs, weights, targets)
   with tf.Graph().as_default():
     lookup = h.sharded_lookup(dict(
         configs, d_hashed=tfde.FeatureConfig(name="d_hashed", table=dynamic)))
     static = {n: t for n, t in lookup.tables.items() if not t.is_dynamic}
-    train_ops = []
-    for batch in batches:  # one op per batch: the inputs are constants
-      inputs, weights, targets = h.replica_inputs(batch, 0, 1)
-      inputs["d_hashed"] = hashed(inputs["a_dense"])
-      outputs = lookup(inputs, weights)
-      loss = h.replica_loss(outputs, targets) + tf.reduce_sum(
-          tf.square(outputs["d_hashed"] - targets["a_dense"])) / h.GLOBAL_BATCH
-      train_ops.append(tf.gradients(loss, lookup.trainable_variables))
+    # One train op fed each batch, as an estimator's graph is run.
+    placeholders = tf.nest.map_structure(_placeholder, fed[0])
+    inputs, weights, targets = placeholders
+    outputs = lookup(dict(inputs, d_hashed=hashed(inputs["a_dense"])), weights)
+    loss = h.replica_loss(outputs, targets) + tf.reduce_sum(
+        tf.square(outputs["d_hashed"] - targets["a_dense"])) / h.GLOBAL_BATCH
+    train_op = tf.gradients(loss, lookup.trainable_variables)
     whole = {n: t._gathered("table") for n, t in static.items()}  # pylint: disable=protected-access
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       initial = sess.run(whole)
-      for op in train_ops:
-        sess.run(op)
+      for batch in fed:
+        sess.run(train_op, feed_dict=dict(zip(
+            tf.nest.flatten(placeholders, expand_composites=True),
+            [t.numpy() for t in tf.nest.flatten(batch, expand_composites=True)])))
       final = sess.run(whole)
       rows = sess.run(lookup.tables["D"]._serialize_to_tensors())  # pylint: disable=protected-access
   _, want = h.reference_run(configs, initial, batches)
