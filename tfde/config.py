@@ -19,6 +19,7 @@ import numpy as np
 
 from tfde import initializer_configs
 from tfde import optimizer_configs
+from tfde import tf_version
 
 COMBINERS = ("sum", "mean", "sqrtn")
 PLACEMENTS = ("auto", "default_device", "sparsecore")
@@ -313,6 +314,7 @@ class TableConfig:
     return hash((self.name, self.vocabulary_size, self.embedding_dim))
 
   def get_config(self):
+    tf_version.check_tensorflow()  # tfde's error, not Keras's, where TensorFlow is wrong
     import keras  # pylint: disable=g-import-not-at-top
     return {
         "name": self.name,
@@ -333,6 +335,7 @@ class TableConfig:
 
   @classmethod
   def from_config(cls, config):
+    tf_version.check_tensorflow()  # tfde's error, not Keras's, where TensorFlow is wrong
     import keras  # pylint: disable=g-import-not-at-top
     config = dict(config)
     initializer = config["initializer"]

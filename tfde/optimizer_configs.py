@@ -20,6 +20,7 @@ import dataclasses
 from typing import Optional
 
 from tfde import hyperparameters
+from tfde import tf_version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +185,7 @@ def _canonical(identifier, table_name, keep_schedule):
 
 def _check_schedule(kind, serialized):
   """Refuses a learning rate's dict that is not a Keras schedule's."""
+  tf_version.check_tensorflow()  # tfde's error, not Keras's, where TensorFlow is wrong
   import keras  # pylint: disable=g-import-not-at-top
   try:
     schedule = keras.optimizers.schedules.deserialize(serialized)
@@ -199,6 +201,7 @@ def _config(kind, learning_rate, clipnorm, clipvalue, hyper, keep_schedule):
   if learning_rate is None:
     learning_rate = spec.default_learning_rate
   if callable(learning_rate) and not keep_schedule:
+    tf_version.check_tensorflow()  # tfde's error, not Keras's, where TensorFlow is wrong
     import keras  # pylint: disable=g-import-not-at-top
     learning_rate = keras.optimizers.schedules.serialize(learning_rate)
   check(kind, learning_rate, clipnorm, clipvalue, hyper)
@@ -212,6 +215,7 @@ def _config(kind, learning_rate, clipnorm, clipvalue, hyper, keep_schedule):
 
 def _is_keras_optimizer(identifier):
   try:
+    tf_version.check_tensorflow()  # tfde's error, not Keras's, where TensorFlow is wrong
     import keras  # pylint: disable=g-import-not-at-top
   except ImportError:
     return False
@@ -227,6 +231,7 @@ def _from_keras(optimizer, table_name, keep_schedule):
         f"{sorted(KINDS)}")
   # Keras 3's config holds a schedule's serialisation, not the schedule.
   learning_rate = optimizer._learning_rate  # pylint: disable=protected-access
+  tf_version.check_tensorflow()  # tfde's error, not Keras's, where TensorFlow is wrong
   import keras  # pylint: disable=g-import-not-at-top
   is_schedule = isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule)
   if callable(learning_rate) and not isinstance(learning_rate, keras.Variable) and not is_schedule:

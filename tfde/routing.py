@@ -184,7 +184,9 @@ def route_bags_to_owners(comm, fused_ids, batch, num_shards, row_space, stamp=No
   the owners read their rows' gradients from the output gradients in
   place, as one owner does.
 
-  `fused_ids` are int64 (`tfde.groups.TableGroup.fused_ids`).
+  `fused_ids` are int64 (`tfde.groups.TableGroup.fused_ids`); the
+  batch's weights are None or one per id, as stage 0 checked them (not the
+  kernels' empty tensor for none).
 
   >>> import tensorflow as tf
   >>> from tfde import comm

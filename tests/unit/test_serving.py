@@ -345,6 +345,31 @@ def test_a_model_refusing_int64_ids_is_exported_per_mix(tmp_path):
     served.serve({"f": tf.cast(example["f"], tf.int64)})
 
 
+def test_the_example_dtypes_serve_the_model_as_it_trained(tmp_path):
+  """A model computing in its ids' dtype (a hash that wraps in int32) is
+  served its example's int32 ids as it trained, by the signature and by
+  `serve`, not through the graph shared by the widened mixes."""
+
+  class Hashing(tfde.layers.DistributedEmbedding):
+    def call(self, inputs, weights=None, training=None):
+      ids = inputs["f"]
+      hashed = tf.math.floormod(ids * tf.constant(1000003, ids.dtype), tf.constant(20, ids.dtype))
+      return super().call({"f": hashed}, weights, training)
+
+  table = tfde.layers.TableConfig(name="t", vocabulary_size=20, embedding_dim=3)
+  layer = Hashing({"f": tfde.layers.FeatureConfig(name="f", table=table)})
+  example = {"f": tf.constant([[5000, 123456], [99999, 7]], tf.int32)}
+  want = layer(example)["f"].numpy()
+  # The int32 products wrap: an int64 graph would read other rows.
+  assert not np.allclose(want, layer({"f": tf.cast(example["f"], tf.int64)})["f"].numpy())
+  tfde.export_for_serving(layer, str(tmp_path / "m"), example)
+  served = tf.saved_model.load(str(tmp_path / "m"))
+  np.testing.assert_allclose(served.serve(example)["f"].numpy(), want, rtol=1e-6)
+  signature = served.signatures["serving_default"]
+  np.testing.assert_allclose(list(signature(f=example["f"]).values())[0].numpy(), want,
+                             rtol=1e-6)
+
+
 def test_the_mixes_traced_are_bounded():
   """2**k mixes for k <= MAX_MIXED_ID_INPUTS id inputs (the example's own
   is traced apart), else all int32 and all int64."""

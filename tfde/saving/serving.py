@@ -89,8 +89,8 @@ def _signature(example_inputs):
 # Ids of int32 and int64 are both ids (training takes either), so `serve`
 # takes each id input in either dtype, in any mix across features: one
 # function per mix, 2**k for k id inputs, each widening its int32 ids and
-# calling the model's one graph (or, for a model that refuses int64 ids,
-# a traced copy of it). Mixes are made for at most this many id inputs
+# calling the model's one graph (the example's own dtypes, and a mix the
+# model refuses widened, a traced copy). Mixes are made for at most this many id inputs
 # (16 functions); beyond it the export serves the example's dtypes, all
 # int32 and all int64.
 MAX_MIXED_ID_INPUTS = 4
@@ -132,6 +132,16 @@ def _other_index_dtype(spec):
   if isinstance(spec, tf.SparseTensorSpec):
     return tf.SparseTensorSpec(spec.shape, swapped)
   return tf.TensorSpec(spec.shape, swapped, name=spec.name)
+
+
+def _dtypes(structure):
+  """The dtypes of a structure of tensors or specs (a ragged or sparse
+  one's values'), in order.
+
+  >>> _dtypes({"a": tf.TensorSpec([None], tf.int32), "b": tf.constant([1.0])})
+  (tf.int32, tf.float32)
+  """
+  return tuple(x.dtype for x in tf.nest.flatten(structure))
 
 
 def _widened(inputs):
@@ -338,31 +348,38 @@ def export_for_serving(model_or_layer, path, example_inputs):
     def model_graph(inputs):
       return model_or_layer(inputs, training=False)
 
-    def traced_serve(one_graph):
-      @tf.function
-      def serve(inputs):
-        if one_graph:
-          return model_graph(_widened(inputs))
+    # Ids are values: a mix is served by the model traced once with its
+    # int32 ids widened to int64, each mix's function casting and calling
+    # that graph, so the SavedModel holds it twice (that graph and the one
+    # tf.saved_model.save traces again), not once per mix and signature (17
+    # for 4 features: an export 3.5 times slower and its file 4 times larger
+    # here). The example's own dtypes are the model's as it trained (a
+    # model may compute in its ids' dtype): traced as they are where the
+    # widening would change them, as is a mix the model refuses widened.
+    direct = {_dtypes(signature)} if tf.int32 in _dtypes(signature) else set()
+
+    @tf.function
+    def serve(inputs):
+      if _dtypes(inputs) in direct:
         return model_or_layer(inputs, training=False)
+      return model_graph(_widened(inputs))
 
-      return serve, serve.get_concrete_function(signature)
+    def traced(spec):
+      try:
+        return serve.get_concrete_function(spec)
+      except (TypeError, ValueError):
+        if _dtypes(spec) in direct:
+          raise
+        direct.add(_dtypes(spec))
+        return serve.get_concrete_function(spec)
 
-    # The model is traced with its int32 id inputs taken as int64, and each
-    # mix's function widens its int32 ids and calls that graph: the
-    # SavedModel holds two copies of it (the signature's, and the one
-    # tf.saved_model.save traces again for `serve`), not one per mix and
-    # signature (17 for 4 features: an export 3.5 times slower and its file
-    # 4 times larger here). A model refusing int64 ids is traced per mix.
-    try:
-      serve, concrete = traced_serve(one_graph=True)
-    except (TypeError, ValueError):
-      serve, concrete = traced_serve(one_graph=False)
+    concrete = traced(signature)
     # Training takes int32 and int64 ids alike, so `serve` takes either
     # for each id input where the model traces with it (the signature
     # keeps the example's dtypes).
     for mix in _id_dtype_mixes(signature):
       try:
-        serve.get_concrete_function(mix)
+        traced(mix)
       except (TypeError, ValueError):
         pass  # a model that refuses a mix serves without it
     served.serve = serve
