@@ -314,8 +314,7 @@ class TableConfig:
     return hash((self.name, self.vocabulary_size, self.embedding_dim))
 
   def get_config(self):
-    tf_version.check_tensorflow()  # tfde's error, not Keras's, where TensorFlow is wrong
-    import keras  # pylint: disable=g-import-not-at-top
+    keras = tf_version.keras()
     return {
         "name": self.name,
         "vocabulary_size": self.vocabulary_size,
@@ -335,8 +334,7 @@ class TableConfig:
 
   @classmethod
   def from_config(cls, config):
-    tf_version.check_tensorflow()  # tfde's error, not Keras's, where TensorFlow is wrong
-    import keras  # pylint: disable=g-import-not-at-top
+    keras = tf_version.keras()
     config = dict(config)
     initializer = config["initializer"]
     # An initial array serialises as Keras's "__numpy__" (or "__tensor__")

@@ -19,15 +19,6 @@ import numpy as np
 from tfde import tf_version
 
 
-def _keras():
-  """Keras, once TensorFlow's version is checked: this module loads
-  without TensorFlow (a config is data), and its first use that needs it
-  gets the check a TensorFlow module of tfde would."""
-  tf_version.check_tensorflow()
-  import keras  # pylint: disable=g-import-not-at-top
-  return keras
-
-
 def default():
   """keras-rs's default, as its code has it: `VarianceScaling(mode=
   "fan_out")`, a normal truncated at two deviations whose rows' standard
@@ -37,7 +28,7 @@ def default():
   >>> round(float(np.std(default()(shape=(20000, 16)))), 2)
   0.25
   """
-  return _keras().initializers.VarianceScaling(mode="fan_out")
+  return tf_version.keras().initializers.VarianceScaling(mode="fan_out")
 
 
 def is_array(initializer):
@@ -73,7 +64,7 @@ def resolve(initializer, table_name, embedding_dim=None):
   "random" (uniform in [-0.05, 0.05]), a number (a constant), or a [V, D]
   array (kept as is: a static table's whole initial value).
   """
-  init = _keras().initializers
+  init = tf_version.keras().initializers
   if initializer is None:
     return default()
   if is_array(initializer):

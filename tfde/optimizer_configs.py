@@ -185,8 +185,7 @@ def _canonical(identifier, table_name, keep_schedule):
 
 def _check_schedule(kind, serialized):
   """Refuses a learning rate's dict that is not a Keras schedule's."""
-  tf_version.check_tensorflow()  # tfde's error, not Keras's, where TensorFlow is wrong
-  import keras  # pylint: disable=g-import-not-at-top
+  keras = tf_version.keras()
   try:
     schedule = keras.optimizers.schedules.deserialize(serialized)
   except (ValueError, TypeError, KeyError):
@@ -201,8 +200,7 @@ def _config(kind, learning_rate, clipnorm, clipvalue, hyper, keep_schedule):
   if learning_rate is None:
     learning_rate = spec.default_learning_rate
   if callable(learning_rate) and not keep_schedule:
-    tf_version.check_tensorflow()  # tfde's error, not Keras's, where TensorFlow is wrong
-    import keras  # pylint: disable=g-import-not-at-top
+    keras = tf_version.keras()
     learning_rate = keras.optimizers.schedules.serialize(learning_rate)
   check(kind, learning_rate, clipnorm, clipvalue, hyper)
   config = {"kind": kind, "learning_rate": learning_rate, **spec.defaults, **hyper}
@@ -215,8 +213,7 @@ def _config(kind, learning_rate, clipnorm, clipvalue, hyper, keep_schedule):
 
 def _is_keras_optimizer(identifier):
   try:
-    tf_version.check_tensorflow()  # tfde's error, not Keras's, where TensorFlow is wrong
-    import keras  # pylint: disable=g-import-not-at-top
+    keras = tf_version.keras()
   except ImportError:
     return False
   return isinstance(identifier, keras.optimizers.Optimizer)
@@ -231,8 +228,7 @@ def _from_keras(optimizer, table_name, keep_schedule):
         f"{sorted(KINDS)}")
   # Keras 3's config holds a schedule's serialisation, not the schedule.
   learning_rate = optimizer._learning_rate  # pylint: disable=protected-access
-  tf_version.check_tensorflow()  # tfde's error, not Keras's, where TensorFlow is wrong
-  import keras  # pylint: disable=g-import-not-at-top
+  keras = tf_version.keras()
   is_schedule = isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule)
   if callable(learning_rate) and not isinstance(learning_rate, keras.Variable) and not is_schedule:
     # tfde calls a learning rate with the table's step; Keras calls it bare.

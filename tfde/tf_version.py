@@ -76,3 +76,12 @@ def check_tensorflow():
         f"tfde supports TensorFlow {low[0]}.{low[1]} to {high[0]}.{high[1]}; "
         f"found {tf.__version__}.")
   _checked = True
+
+
+def keras():
+  """Keras, once TensorFlow's version is checked (`check_tensorflow`): for
+  the modules that load without TensorFlow (the configs are data), so that
+  their first use needing Keras gets tfde's error, not Keras's."""
+  check_tensorflow()
+  import keras as keras_module  # pylint: disable=g-import-not-at-top
+  return keras_module

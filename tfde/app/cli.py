@@ -40,7 +40,6 @@ from tfde.app.config import SparseFeatureConfig  # noqa: F401 (the schema, re-ex
 from tfde.app.config import TableOptimizerConfig  # noqa: F401 (the schema, re-exported)
 from tfde.app.config import TrainingConfig  # noqa: F401 (the schema, re-exported)
 from tfde.app.config import load_config  # noqa: F401 (the schema, re-exported)
-from tfde.app.job_checks import check_paths  # noqa: F401 (re-exported)
 from tfde.app.model import build_model
 from tfde.app.model import most_ids_per_sample
 from tfde.app.report import TensorBoardLog

@@ -175,9 +175,10 @@ def main(argv=None):
     # The job's config, files and options, before TensorFlow: a typo is
     # answered at once, not after it has loaded.
     from tfde.app import job_checks  # pylint: disable=g-import-not-at-top
-    checked, error = job_checks.first_error(args)
-    if error:
-      print(error, file=sys.stderr)
+    try:
+      checked = job_checks.checked_job(args)
+    except job_checks.ConfigError as e:
+      print(f"tfde: error: {e}", file=sys.stderr)
       return 2
     load_tensorflow(args.verbose)
     from tfde.app import cli  # pylint: disable=g-import-not-at-top

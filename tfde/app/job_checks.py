@@ -82,11 +82,6 @@ def plan_job(args):
   return config, memory
 
 
-def first_error(args):
-  """(the checked job of `args`, None) or (None, the error line) for the
-  `train` and `plan` commands, printed by the command before TensorFlow
-  loads."""
-  try:
-    return (train_job if args.command == "train" else plan_job)(args), None
-  except ConfigError as e:
-    return None, f"tfde: error: {e}"
+def checked_job(args):
+  """What `train_job` or `plan_job` gives for `args.command`."""
+  return (train_job if args.command == "train" else plan_job)(args)

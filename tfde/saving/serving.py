@@ -88,11 +88,10 @@ def _signature(example_inputs):
 
 # Ids of int32 and int64 are both ids (training takes either), so `serve`
 # takes each id input in either dtype, in any mix across features: one
-# function per mix, 2**k for k id inputs, each widening its int32 ids and
-# calling the model's one graph (the example's own dtypes, and a mix the
-# model refuses widened, a traced copy). Mixes are made for at most this many id inputs
-# (16 functions); beyond it the export serves the example's dtypes, all
-# int32 and all int64.
+# function per mix, 2**k for k id inputs, each calling one graph of the
+# model (`export_for_serving` says which). Mixes are made for at most this
+# many id inputs (16 functions); beyond it the export serves the example's
+# dtypes, all int32 and all int64.
 MAX_MIXED_ID_INPUTS = 4
 
 
